@@ -1,0 +1,116 @@
+"""The whole training step as one callable: forward, loss, backward, clip, update.
+
+``compile_step`` returns a :class:`TrainStep`. It never reads a value back to
+the host: the loss and statistics stay tensors, so the trainer decides when to
+synchronise (``Strategy.sync_every``).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..models.base import LossOutput
+from ..problems.base import Batch
+from .strategy import Strategy
+
+__all__ = ["LossFn", "StepResult", "TrainStep", "compile_step", "autocast_context", "detach_state"]
+
+LossFn = Callable[[nn.Module, Batch, Any], LossOutput]
+
+
+@dataclass
+class StepResult:
+    loss: Tensor                 # detached mean loss over the micro-batches
+    stats: dict[str, Tensor]     # summed statistics (no host sync)
+    state: Any                   # carried model state, detached
+    grad_norm: Tensor | None     # pre-clip global grad norm when clipping
+
+
+def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def detach_state(state: Any) -> Any:
+    if isinstance(state, Tensor):
+        return state.detach()
+    if isinstance(state, (tuple, list)):
+        return type(state)(detach_state(s) for s in state)
+    if isinstance(state, dict):
+        return {k: detach_state(v) for k, v in state.items()}
+    return state
+
+
+def default_loss_fn(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
+    return model.loss(batch, state)  # type: ignore[operator]
+
+
+class TrainStep:
+    """Eager whole-step callable: ``step(micro_batches, state) -> StepResult``.
+
+    Gradient accumulation: pass several micro-batches; gradients are summed
+    with each micro-loss scaled by ``1 / len(micro_batches)``.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer,
+                 strategy: Strategy, *, max_grad_norm: float = 0.0,
+                 grad_scaler: "torch.amp.GradScaler | None" = None,
+                 no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.max_grad_norm = max_grad_norm
+        self.grad_scaler = grad_scaler
+        self.no_sync = no_sync
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.fallback_reason: str | None = None
+
+    def __call__(self, micro_batches: Sequence[Batch], state: Any = None) -> StepResult:
+        n = len(micro_batches)
+        total_loss: Tensor | None = None
+        stats: dict[str, Tensor] = {}
+        for i, batch in enumerate(micro_batches):
+            last = i == n - 1
+            sync_ctx = self.no_sync() if (self.no_sync is not None and not last) else contextlib.nullcontext()
+            with sync_ctx:
+                with autocast_context(self.strategy.precision, self.device):
+                    out = self.loss_fn(self.model, batch, state)
+                loss = out.loss / n if n > 1 else out.loss
+                if self.grad_scaler is not None:
+                    self.grad_scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            state = detach_state(out.state)
+            total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
+            for k, v in out.stats.items():
+                stats[k] = v if k not in stats else stats[k] + v
+        grad_norm = self._clip()
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        assert total_loss is not None, "step() needs at least one micro-batch"
+        return StepResult(total_loss, stats, state, grad_norm)
+
+    def _clip(self) -> Tensor | None:
+        if self.max_grad_norm <= 0:
+            return None
+        if self.grad_scaler is not None:
+            self.grad_scaler.unscale_(self.optimizer)
+        return torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+
+
+def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.optim.Optimizer,
+                 strategy: Strategy, **kwargs: Any) -> TrainStep:
+    """Build the whole-step callable for ``strategy`` (eager; capture comes from the engine)."""
+    return TrainStep(model, loss_fn or default_loss_fn, optimizer, strategy, **kwargs)

@@ -1,0 +1,105 @@
+"""Model interface: embedding *bottom* -> tensor-to-tensor *body* -> output *top*.
+
+Every model maps a batch (and an optional carried state) to logits and
+implements :meth:`SequenceModel.loss`, which returns the scalar to
+backpropagate plus *un-synchronised* statistics (tensors) that the trainer
+sums and reads only every ``log_every`` steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..hparams import HParams
+from ..problems.base import PAD_ID, Batch, ProblemSpec
+
+__all__ = ["LossOutput", "SequenceModel", "token_stats", "ModelMismatchError"]
+
+
+class ModelMismatchError(ValueError):
+    """The model cannot serve this problem's task."""
+
+
+@dataclass
+class LossOutput:
+    """``loss`` is what is backpropagated; ``stats`` are summable tensors.
+
+    Standard stats: ``nll_sum`` (summed token NLL), ``tokens`` (non-pad target
+    tokens), ``examples``; optional ``correct`` (tokens) and ``seq_correct``.
+    """
+
+    loss: Tensor
+    stats: dict[str, Tensor]
+    state: Any = None
+    logits: Tensor | None = field(default=None, repr=False)
+
+
+def token_stats(logits: Tensor, targets: Tensor, *, with_accuracy: bool,
+                label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """Mean token cross-entropy (pad ignored) and summable stats.
+
+    logits: [B, T, V]; targets: [B, T]. Returns (mean loss, stats).
+    """
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_targets = targets.reshape(-1)
+    mask = flat_targets != PAD_ID
+    tokens = mask.sum()
+    nll = F.cross_entropy(flat_logits.float(), flat_targets, ignore_index=PAD_ID, reduction="sum")
+    if label_smoothing > 0:
+        loss = F.cross_entropy(flat_logits.float(), flat_targets, ignore_index=PAD_ID,
+                               label_smoothing=label_smoothing, reduction="sum")
+    else:
+        loss = nll
+    denom = tokens.clamp(min=1)
+    stats = {"nll_sum": nll.detach(), "tokens": tokens,
+             "examples": torch.tensor(targets.shape[0], device=targets.device)}
+    if with_accuracy:
+        hit = (logits.argmax(-1) == targets) | (targets == PAD_ID)  # [B, T]
+        stats["correct"] = (hit.reshape(-1) & mask).sum()
+        stats["seq_correct"] = hit.all(dim=-1).sum()
+    return loss / denom, stats
+
+
+class SequenceModel(nn.Module):
+    """Base for registered models.
+
+    Subclasses set ``tasks`` (the problem tasks they serve), build
+    ``bottom``/``body``/``top`` in ``__init__`` and implement ``forward``.
+    Swapping the body means passing another ``nn.Module`` with the same
+    ``[B, T, H] -> [B, T, H]`` contract.
+    """
+
+    tasks: ClassVar[tuple[str, ...]] = ("seq2seq",)
+
+    def __init__(self, hp: HParams, spec: ProblemSpec) -> None:
+        super().__init__()
+        if spec.task not in self.tasks:
+            raise ModelMismatchError(
+                f"model {type(self).__name__} serves tasks {list(self.tasks)}, "
+                f"but the problem's task is {spec.task!r}")
+        self.hp = hp
+        self.spec = spec
+
+    def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
+        """Return ``(logits [B, T, V], new_state)``."""
+        raise NotImplementedError
+
+    def initial_state(self, batch_size: int, device: torch.device) -> Any:
+        """Carried state for streamed problems (None for stateless models)."""
+        return None
+
+    def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:
+        logits, new_state = self(batch, state)
+        loss, stats = token_stats(logits, batch["targets"], with_accuracy=with_accuracy,
+                                  label_smoothing=self.hp.label_smoothing if self.training else 0.0)
+        return LossOutput(loss, stats, new_state, logits)
+
+    def init_weights(self) -> None:
+        """Uniform(-init_scale, init_scale) init when ``hp.init_scale > 0``."""
+        if self.hp.init_scale > 0:
+            for p in self.parameters():
+                nn.init.uniform_(p, -self.hp.init_scale, self.hp.init_scale)

@@ -1,0 +1,4 @@
+"""Problems: datasets with generators, encoders and metrics."""
+from .base import EOS_ID, NUM_RESERVED, PAD_ID, Batch, BatchReader, Problem, ProblemSpec
+
+__all__ = ["EOS_ID", "NUM_RESERVED", "PAD_ID", "Batch", "BatchReader", "Problem", "ProblemSpec"]

@@ -1,0 +1,176 @@
+"""T2T-style algorithmic problems generated on the fly from a seed (no download).
+
+Each example is a random symbol sequence; the target is a function of it
+(copy, reverse, sort, or the digits of a sum) followed by EOS. Batch ``i`` of
+epoch ``e`` depends only on ``(seed, split, e, i)``, so readers resume exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator
+
+import numpy as np
+import torch
+
+from ..hparams import HParams
+from ..registry import hparams_sets, problems
+from .base import EOS_ID, NUM_RESERVED, PAD_ID, Batch, Problem, ProblemSpec
+
+__all__ = ["AlgorithmicProblem", "AlgorithmicHParams", "IndexedReader"]
+
+
+@dataclass(frozen=True)
+class AlgorithmicHParams(HParams):
+    """Problem knobs (symbols, lengths, sizes) live with the hparams so overrides reach them."""
+
+    num_symbols: int = 10
+    min_length: int = 1
+    train_length: int = 12          # max input length in training
+    eval_length: int = 12           # max input length in eval (raise it to test generalisation)
+    train_examples: int = 51200     # examples per training "epoch"
+    eval_examples: int = 1024
+
+
+class IndexedReader:
+    """Resumable reader over ``num_batches`` batches made by ``make_batch(rng)``.
+
+    Batch ``i`` of epoch ``e`` uses ``np.random.default_rng([seed, e, i])``.
+    """
+
+    def __init__(self, make_batch: Any, num_batches: int, seed: int) -> None:
+        self.make_batch = make_batch
+        self.num_batches = num_batches
+        self.seed = seed
+        self.epoch = 0
+        self.index = 0
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        while self.index < self.num_batches:
+            rng = np.random.default_rng([self.seed, self.epoch, self.index])
+            self.index += 1
+            yield self.make_batch(rng)
+        self.index = 0
+        self.epoch += 1
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.index = epoch, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+class AlgorithmicProblem(Problem):
+    """Base for sequence-to-sequence algorithmic tasks."""
+
+    task: ClassVar[str] = "seq2seq"
+    eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy", "seq_accuracy")
+    default_hparams: ClassVar[str] = "transformer_algorithmic"
+    target_extra: ClassVar[int] = 0   # target positions beyond the input length (addition carry)
+
+    def _hp(self, hp: HParams) -> AlgorithmicHParams:
+        return hp if isinstance(hp, AlgorithmicHParams) else AlgorithmicHParams()
+
+    def spec(self, hp: HParams) -> ProblemSpec:
+        a = self._hp(hp)
+        vocab = NUM_RESERVED + a.num_symbols
+        length = max(a.train_length, a.eval_length)
+        return ProblemSpec(task=self.task, input_vocab_size=vocab, target_vocab_size=vocab,
+                           max_input_length=self.input_length(length),
+                           max_target_length=self.output_length(length) + 1)
+
+    def input_length(self, n: int) -> int:
+        return n
+
+    def output_length(self, n: int) -> int:
+        return n + self.target_extra
+
+    def sample(self, rng: np.random.Generator, n: int, a: AlgorithmicHParams) -> tuple[np.ndarray, np.ndarray]:
+        """Return (input symbols, target symbols) as ints in ``[0, num_symbols)``."""
+        raise NotImplementedError
+
+    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None) -> IndexedReader:
+        a = self._hp(hp)
+        if split not in ("train", "valid", "test"):
+            raise ValueError(f"unknown split {split!r}; use train, valid or test")
+        max_len = a.train_length if split == "train" else a.eval_length
+        examples = a.train_examples if split == "train" else a.eval_examples
+        batch_size = hp.batch_size
+        split_seed = {"train": 0, "valid": 1, "test": 2}[split]
+        in_len, out_len = self.input_length(max_len), self.output_length(max_len) + 1
+
+        def make_batch(rng: np.random.Generator) -> Batch:
+            inputs = np.full((batch_size, in_len), PAD_ID, dtype=np.int64)
+            targets = np.full((batch_size, out_len), PAD_ID, dtype=np.int64)
+            lengths = rng.integers(a.min_length, max_len + 1, size=batch_size)
+            for row, n in enumerate(lengths):
+                x, y = self.sample(rng, int(n), a)
+                inputs[row, :len(x)] = x + NUM_RESERVED
+                targets[row, :len(y)] = y + NUM_RESERVED
+                targets[row, len(y)] = EOS_ID
+            return {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets)}
+
+        num_batches = max(1, examples // batch_size)
+        return IndexedReader(make_batch, num_batches, seed=(a.seed + seed) * 3 + split_seed)
+
+    def decode(self, ids: Any) -> str:
+        return " ".join(str(int(i) - NUM_RESERVED) for i in ids if int(i) >= NUM_RESERVED)
+
+
+@problems.register("algorithmic_copy")
+class Copy(AlgorithmicProblem):
+    def sample(self, rng, n, a):
+        x = rng.integers(0, a.num_symbols, size=n)
+        return x, x
+
+
+@problems.register("algorithmic_reverse")
+class Reverse(AlgorithmicProblem):
+    def sample(self, rng, n, a):
+        x = rng.integers(0, a.num_symbols, size=n)
+        return x, x[::-1]
+
+
+@problems.register("algorithmic_sort")
+class Sort(AlgorithmicProblem):
+    def sample(self, rng, n, a):
+        x = rng.integers(0, a.num_symbols, size=n)
+        return x, np.sort(x)
+
+
+@problems.register("algorithmic_addition")
+class Addition(AlgorithmicProblem):
+    """Two base-``num_symbols`` numbers of up to n digits each, least significant digit first.
+
+    Input: ``a_digits <sep> b_digits`` (the separator is the last symbol, so the
+    digit base is ``num_symbols - 1``); target: digits of the sum.
+    """
+
+    target_extra: ClassVar[int] = 1
+
+    def input_length(self, n: int) -> int:
+        return 2 * n + 1
+
+    def sample(self, rng, n, a):
+        base = a.num_symbols - 1
+        x = rng.integers(0, base, size=n)
+        y = rng.integers(0, base, size=n)
+        total, carry, out = 0, 0, []
+        for i in range(n):
+            total = int(x[i]) + int(y[i]) + carry
+            out.append(total % base)
+            carry = total // base
+        if carry:
+            out.append(carry)
+        return np.concatenate([x, [base], y]), np.array(out)
+
+
+@hparams_sets.register("algorithmic_base")
+def algorithmic_base() -> AlgorithmicHParams:
+    return AlgorithmicHParams()

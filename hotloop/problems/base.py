@@ -1,0 +1,84 @@
+"""The Problem interface: a dataset with its generator, encoders and metrics.
+
+Batches are ``dict[str, Tensor]``:
+
+- ``inputs``:  int64 ``[B, S]`` source tokens (seq2seq / classification / LM)
+- ``targets``: int64 ``[B, T]`` target tokens; ``PAD_ID`` positions are ignored
+- LM problems with ``spec.streamed`` yield contiguous ``[B, T]`` windows so a
+  model may carry its recurrent state from one batch to the next.
+
+A reader is any iterable of batches for one epoch that also has
+``state_dict()`` / ``load_state_dict()`` (position in the epoch + RNG) and
+``set_epoch(epoch)``; see :class:`hotloop.data.Reader`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Protocol
+
+import torch
+
+from ..hparams import HParams
+
+__all__ = ["PAD_ID", "EOS_ID", "NUM_RESERVED", "Batch", "ProblemSpec", "Problem", "BatchReader"]
+
+PAD_ID = 0
+EOS_ID = 1
+NUM_RESERVED = 2  # ids 0 (pad) and 1 (eos) are reserved by every built-in encoder
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """What a model needs to know about a problem (no data access)."""
+
+    task: str                      # "seq2seq" | "lm" | "classify"
+    input_vocab_size: int
+    target_vocab_size: int
+    max_input_length: int = 0
+    max_target_length: int = 0
+    streamed: bool = False         # LM batches are contiguous streams (carry state)
+    pad_id: int = PAD_ID
+
+
+class BatchReader(Protocol):
+    def __iter__(self) -> Any: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+class Problem:
+    """Base class; subclasses register with ``@problems.register("name")``.
+
+    ``data_dir`` holds prepared (datagen) files; ``raw_dir`` holds raw
+    downloads. Problems that generate data on the fly ignore both.
+    """
+
+    task: ClassVar[str] = "seq2seq"
+    eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
+    default_hparams: ClassVar[str] = ""
+
+    def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
+        self.data_dir = Path(data_dir) if data_dir else None
+        self.raw_dir = Path(raw_dir) if raw_dir else None
+
+    @property
+    def name(self) -> str:
+        return getattr(type(self), "registered_name", type(self).__name__)
+
+    def spec(self, hp: HParams) -> ProblemSpec:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Datagen: make the data ready under ``data_dir`` (idempotent). Default: nothing."""
+
+    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None) -> BatchReader:
+        """A resumable reader over ``split`` ("train", "valid" or "test")."""
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Turn target ids back into text (for ``hotloop decode``)."""
+        return " ".join(str(i) for i in ids if i != PAD_ID)
