@@ -39,18 +39,19 @@ class LossOutput:
 
 
 def token_stats(logits: Tensor, targets: Tensor, *, with_accuracy: bool,
-                label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
-    """Mean token cross-entropy (pad ignored) and summable stats.
+                label_smoothing: float = 0.0, pad_id: int = PAD_ID) -> tuple[Tensor, dict[str, Tensor]]:
+    """Mean token cross-entropy (``pad_id`` ignored; -1 = no padding) and summable stats.
 
     logits: [B, T, V]; targets: [B, T]. Returns (mean loss, stats).
     """
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_targets = targets.reshape(-1)
-    mask = flat_targets != PAD_ID
+    mask = flat_targets != pad_id
     tokens = mask.sum()
-    nll = F.cross_entropy(flat_logits.float(), flat_targets, ignore_index=PAD_ID, reduction="sum")
+    ignore = pad_id if pad_id >= 0 else -100
+    nll = F.cross_entropy(flat_logits.float(), flat_targets, ignore_index=ignore, reduction="sum")
     if label_smoothing > 0:
-        loss = F.cross_entropy(flat_logits.float(), flat_targets, ignore_index=PAD_ID,
+        loss = F.cross_entropy(flat_logits.float(), flat_targets, ignore_index=ignore,
                                label_smoothing=label_smoothing, reduction="sum")
     else:
         loss = nll
@@ -58,7 +59,7 @@ def token_stats(logits: Tensor, targets: Tensor, *, with_accuracy: bool,
     stats = {"nll_sum": nll.detach(), "tokens": tokens,
              "examples": torch.tensor(targets.shape[0], device=targets.device)}
     if with_accuracy:
-        hit = (logits.argmax(-1) == targets) | (targets == PAD_ID)  # [B, T]
+        hit = (logits.argmax(-1) == targets) | (targets == pad_id)  # [B, T]
         stats["correct"] = (hit.reshape(-1) & mask).sum()
         stats["seq_correct"] = hit.all(dim=-1).sum()
     return loss / denom, stats
@@ -95,7 +96,8 @@ class SequenceModel(nn.Module):
     def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:
         logits, new_state = self(batch, state)
         loss, stats = token_stats(logits, batch["targets"], with_accuracy=with_accuracy,
-                                  label_smoothing=self.hp.label_smoothing if self.training else 0.0)
+                                  label_smoothing=self.hp.label_smoothing if self.training else 0.0,
+                                  pad_id=self.spec.pad_id)
         return LossOutput(loss, stats, new_state, logits)
 
     def init_weights(self) -> None:

@@ -40,7 +40,7 @@ class ProblemSpec:
     max_input_length: int = 0
     max_target_length: int = 0
     streamed: bool = False         # LM batches are contiguous streams (carry state)
-    pad_id: int = PAD_ID
+    pad_id: int = PAD_ID           # ignored target id; -1 when batches are never padded
 
 
 class BatchReader(Protocol):
