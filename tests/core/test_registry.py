@@ -1,0 +1,88 @@
+import sys
+
+import pytest
+
+import hotloop
+from hotloop.builtin import BUILTINS
+from hotloop.registry import Registry, RegistryError, import_user_module, models
+
+
+def test_duplicate_name_raises():
+    reg = Registry("widget")
+    reg.add("a", object())
+    with pytest.raises(RegistryError, match="already registered"):
+        reg.add("a", object())
+
+
+def test_unknown_name_lists_names_and_suggests():
+    reg = Registry("widget")
+    for name in ("transformer", "mlp", "lstm_lm"):
+        reg.add(name, object())
+    with pytest.raises(RegistryError) as info:
+        reg.get("transfomer")
+    message = str(info.value)
+    assert "did you mean 'transformer'" in message
+    assert "lstm_lm, mlp, transformer" in message
+
+
+def test_register_decorator_uses_given_name():
+    reg = Registry("widget")
+
+    @reg.register("thing")
+    class Thing:
+        pass
+
+    assert reg.get("thing") is Thing
+    assert "thing" in reg and len(reg) == 1 and reg.names() == ["thing"]
+
+
+def test_lazy_entry_imports_on_first_get_only():
+    reg = Registry("widget")
+    reg.add_lazy("dumps", "json:dumps")
+    import json
+    assert reg.get("dumps") is json.dumps
+
+
+def test_builtin_names_resolve_to_objects_registered_under_same_name():
+    for registry, table in BUILTINS.items():
+        for name in table:
+            obj = registry.get(name)
+            assert obj is not None
+            assert registry.get(name) is obj  # resolved once, then stable
+
+
+def test_listing_builtins_imports_no_component_module():
+    code = ("import sys, hotloop; from hotloop.registry import ALL_REGISTRIES;"
+            "[r.names() for r in ALL_REGISTRIES.values()];"
+            "heavy=[m for m in sys.modules if m.startswith(('hotloop.models.', 'hotloop.problems.'))"
+            " and not m.endswith('.base')]; print(heavy)")
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_import_user_module_from_path_registers_components(tmp_path):
+    module = tmp_path / "my_components_for_test.py"
+    module.write_text(
+        "from hotloop.registry import models\n"
+        "@models.register('my_test_model')\n"
+        "class MyModel:\n    pass\n")
+    try:
+        import_user_module(str(module))
+        assert models.get("my_test_model").__name__ == "MyModel"
+        import_user_module(str(module))  # importing twice is harmless
+    finally:
+        models.unregister("my_test_model")
+        sys.modules.pop("my_components_for_test", None)
+
+
+def test_import_user_module_missing_file_is_clear(tmp_path):
+    with pytest.raises(ImportError, match="not found"):
+        import_user_module(str(tmp_path / "nope.py"))
+
+
+def test_package_exports_registry_module():
+    import importlib
+    assert hotloop.registry.models is models
+    importlib.import_module("hotloop.models")  # the subpackage must not shadow the registry
+    assert hotloop.registry.models is models
