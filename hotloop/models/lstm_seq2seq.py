@@ -57,4 +57,4 @@ class LSTMSeq2Seq(SequenceModel):
 def lstm_seq2seq_algorithmic() -> AlgorithmicHParams:
     return AlgorithmicHParams(hidden_size=64, num_layers=1, batch_size=64, learning_rate=3e-3,
                               optimizer="adam", lr_schedule="cosine", warmup_steps=50,
-                              max_grad_norm=1.0, max_steps=1500)
+                              max_grad_norm=1.0, max_steps=1000)
