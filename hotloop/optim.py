@@ -19,7 +19,7 @@ import torch
 from .hparams import HParams
 from .registry import lr_schedules, optimizers
 
-__all__ = ["build_optimizer", "build_schedule", "LRSchedule"]
+__all__ = ["build_optimizer", "build_schedule", "LRSchedule", "sparse_gradient_modules"]
 
 
 def _multi_tensor(params: list, fused: bool) -> dict[str, bool]:
@@ -54,6 +54,12 @@ def adamw(params: list, hp: HParams, fused: bool) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=hp.learning_rate, betas=(hp.adam_beta1, hp.adam_beta2),
                              eps=hp.adam_epsilon, weight_decay=hp.weight_decay,
                              **_multi_tensor(params, fused))
+
+
+def sparse_gradient_modules(model: torch.nn.Module) -> list[str]:
+    """Names of modules that produce sparse gradients (``Embedding``/``EmbeddingBag(sparse=True)``)."""
+    return [name or type(m).__name__ for name, m in model.named_modules()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], hp: HParams, *, fused: bool = True,

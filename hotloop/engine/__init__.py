@@ -1,5 +1,13 @@
-"""The speed engine: Strategy, whole-step capture, graph passes, executors."""
-from .step import StepResult, TrainStep, compile_step
-from .strategy import Strategy, StrategyError, parse_strategy
+"""The speed engine: Strategy, whole-step capture, graph passes, executors.
 
-__all__ = ["StepResult", "Strategy", "StrategyError", "TrainStep", "compile_step", "parse_strategy"]
+Heavy pieces (capture, passes, executors, torch.compile) are imported only when
+a strategy needs them.
+"""
+from .flags import FlagReport, apply_device_flags
+from .parity import ParityCase, ParityResult, check_parity
+from .step import StepResult, TrainStep, compile_step
+from .strategy import Strategy, StrategyError, parse_strategy, validate_for_model
+
+__all__ = ["FlagReport", "ParityCase", "ParityResult", "StepResult", "Strategy", "StrategyError",
+           "TrainStep", "apply_device_flags", "check_parity", "compile_step", "parse_strategy",
+           "validate_for_model"]

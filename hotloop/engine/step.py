@@ -17,7 +17,8 @@ from ..models.base import LossOutput
 from ..problems.base import Batch
 from .strategy import Strategy
 
-__all__ = ["LossFn", "StepResult", "TrainStep", "compile_step", "autocast_context", "detach_state"]
+__all__ = ["LossFn", "StepResult", "TrainStep", "compile_step", "autocast_context", "detach_state",
+           "default_loss_fn", "wire_fused_optimizer"]
 
 LossFn = Callable[[nn.Module, Batch, Any], LossOutput]
 
@@ -72,6 +73,7 @@ class TrainStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.fallback_reason: str | None = None
+        self.report: list[str] = []
 
     def __call__(self, micro_batches: Sequence[Batch], state: Any = None) -> StepResult:
         n = len(micro_batches)
@@ -92,6 +94,11 @@ class TrainStep:
             total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
             for k, v in out.stats.items():
                 stats[k] = v if k not in stats else stats[k] + v
+        assert total_loss is not None, "step() needs at least one micro-batch"
+        return StepResult(total_loss, stats, state, self.finish_step())
+
+    def finish_step(self) -> Tensor | None:
+        """Clip, update and zero the gradients; return the pre-clip norm (when clipping)."""
         grad_norm = self._clip()
         if self.grad_scaler is not None:
             self.grad_scaler.step(self.optimizer)
@@ -99,8 +106,7 @@ class TrainStep:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        assert total_loss is not None, "step() needs at least one micro-batch"
-        return StepResult(total_loss, stats, state, grad_norm)
+        return grad_norm
 
     def _clip(self) -> Tensor | None:
         if self.max_grad_norm <= 0:
@@ -110,7 +116,61 @@ class TrainStep:
         return torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
 
 
+def _channels_last_inputs(loss_fn: LossFn) -> LossFn:
+    """Wrap ``loss_fn`` so 4-D floating batch tensors arrive in channels_last layout."""
+    def wrapped(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
+        batch = {k: v.contiguous(memory_format=torch.channels_last)
+                 if v.dim() == 4 and v.is_floating_point() else v for k, v in batch.items()}
+        return loss_fn(model, batch, state)
+    return wrapped
+
+
+def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> list[str]:
+    """Make the optimizer's multi-tensor mode follow ``Strategy.fused_optimizer``; report changes.
+
+    ``fused=True`` keeps a ``fused`` kernel if the optimizer was built with one, else
+    turns on ``foreach``; ``fused=False`` selects the per-tensor loop.
+    """
+    changes: list[str] = []
+    for i, group in enumerate(getattr(optimizer, "param_groups", None) or []):
+        if not isinstance(group, dict):
+            continue
+        want_foreach = fused and not group.get("fused")
+        if "foreach" in group and bool(group["foreach"]) != want_foreach:
+            changes.append(f"optimizer: param_group[{i}].foreach: {group['foreach']} -> {want_foreach}")
+            group["foreach"] = want_foreach
+        if not fused and group.get("fused"):
+            changes.append(f"optimizer: param_group[{i}].fused: True -> False")
+            group["fused"] = False
+    return changes
+
+
 def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.optim.Optimizer,
                  strategy: Strategy, **kwargs: Any) -> TrainStep:
-    """Build the whole-step callable for ``strategy`` (eager; capture comes from the engine)."""
-    return TrainStep(model, loss_fn or default_loss_fn, optimizer, strategy, **kwargs)
+    """Build the whole-step callable for ``strategy``.
+
+    ``backend="eager"``: :class:`TrainStep`. ``"graph"``: the step is captured as one
+    forward+backward FX graph, rewritten by hotloop's passes and run by hotloop's
+    executor (``GraphTrainStep``). ``"inductor"``: the loss is ``torch.compile``d.
+    Both capture backends fall back to eager, recording why in ``step.fallback_reason``.
+    """
+    from .strategy import validate_for_model
+    params = [p for p in model.parameters()]
+    strategy.validate(params[0].device if params else "cpu")
+    validate_for_model(strategy, model)
+    changes = wire_fused_optimizer(optimizer, strategy.fused_optimizer)
+    loss_fn = loss_fn or default_loss_fn
+    if strategy.channels_last:
+        model.to(memory_format=torch.channels_last)   # parameters keep their identity
+        loss_fn = _channels_last_inputs(loss_fn)
+        changes.append("layout: model and 4-D float inputs converted to channels_last")
+    if strategy.backend == "graph":
+        from .graph_step import GraphTrainStep
+        step: TrainStep = GraphTrainStep(model, loss_fn, optimizer, strategy, **kwargs)
+    elif strategy.backend == "inductor":
+        from .inductor_step import InductorTrainStep
+        step = InductorTrainStep(model, loss_fn, optimizer, strategy, **kwargs)
+    else:
+        step = TrainStep(model, loss_fn, optimizer, strategy, **kwargs)
+    step.report.extend(changes)
+    return step

@@ -14,7 +14,7 @@ import torch
 
 from ..hparams import HParamsError, apply_overrides
 
-__all__ = ["Strategy", "StrategyError", "parse_strategy"]
+__all__ = ["Strategy", "StrategyError", "parse_strategy", "validate_for_model"]
 
 
 class StrategyError(ValueError):
@@ -25,6 +25,8 @@ class StrategyError(ValueError):
 class Strategy:
     # build options
     graph_passes: bool = False          # run hotloop's rewrite passes on the captured graph
+    disabled_passes: tuple[str, ...] = ()  # pass names to skip (override syntax: "a:b")
+    fast_math: bool = False             # also run passes that change rounding (fuse_cross_entropy)
     fused_optimizer: bool = True        # multi-tensor (foreach / fused) optimizer update
     inplace: bool = False               # inplace activations where safe
     backend: str = "eager"              # "eager" | "graph" (own executor) | "inductor"
@@ -80,8 +82,28 @@ class Strategy:
                                     "slower than fp32 on CPU); use precision=bf16")
         if self.executor == "parallel" and self.backend != "graph":
             raise StrategyError("strategy executor=parallel runs captured graphs: set backend=graph")
-        if self.cuda_graphs and self.backend == "eager" and self.graph_passes:
-            raise StrategyError("strategy cuda_graphs with graph_passes needs backend=graph or inductor")
+        if device.type == "cuda" and not self.onednn:
+            raise StrategyError("strategy onednn=False applies to CPU only (running on cuda)")
+        if device.type == "cuda" and self.precision == "bf16" and not torch.cuda.is_bf16_supported():
+            raise StrategyError("strategy precision=bf16: this CUDA device has no bf16 support; use fp16")
+        if self.graph_passes and self.backend != "graph":
+            raise StrategyError("strategy graph_passes=True rewrites hotloop's captured graph: "
+                                f"set backend=graph (backend is {self.backend!r})")
+        if self.inplace and self.backend != "graph":
+            raise StrategyError("strategy inplace=True is a rewrite of the captured graph: set backend=graph")
+        if self.fast_math and not self.graph_passes:
+            raise StrategyError("strategy fast_math=True selects extra graph passes: set graph_passes=True")
+        if self.disabled_passes and not self.graph_passes:
+            raise StrategyError("strategy disabled_passes is set but graph_passes=False")
+        if self.disabled_passes:
+            from .passes import PASS_NAMES
+            unknown = [p for p in self.disabled_passes if p not in PASS_NAMES]
+            if unknown:
+                raise StrategyError(f"strategy disabled_passes: unknown pass(es) {unknown}; "
+                                    f"known: {list(PASS_NAMES)}")
+        if self.cuda_graphs and self.backend != "inductor":
+            raise StrategyError("strategy cuda_graphs=True is served by torch.compile's "
+                                "reduce-overhead mode: set backend=inductor")
         return self
 
 
@@ -91,3 +113,17 @@ def parse_strategy(base: Strategy | None = None, overrides: str | None = None) -
         return apply_overrides(base or Strategy(), overrides)  # type: ignore[type-var]
     except HParamsError as exc:
         raise StrategyError(str(exc).replace("hparam", "strategy field")) from None
+
+
+def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
+    """Reject settings that do not apply to ``model`` (sparse gradients, channels_last without convs)."""
+    from ..optim import sparse_gradient_modules
+    sparse = sparse_gradient_modules(model)
+    if sparse and strategy.fused_optimizer:
+        raise StrategyError(f"strategy fused_optimizer=True cannot update sparse gradients "
+                            f"(from {', '.join(sparse[:3])}); set fused_optimizer=False or use "
+                            "dense embeddings")
+    if strategy.channels_last and not any(
+            isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+        raise StrategyError("strategy channels_last=True applies to 2-D convolutions; "
+                            f"{type(model).__name__} has none")

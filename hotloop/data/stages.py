@@ -1,0 +1,317 @@
+"""Stages: shuffle, map, batch, bucket, repeat, take, skip (see :mod:`hotloop.data.reader`)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from .collate import collate as default_collate
+from .reader import Reader
+
+__all__ = ["Shuffle", "Map", "Batch", "Bucket", "Repeat", "Take", "Skip", "bucket_boundaries",
+           "shuffle_order"]
+
+
+def _skip(items: Iterator[Any], count: int) -> Iterator[Any]:
+    for index, item in enumerate(items):
+        if index >= count:
+            yield item
+
+
+def shuffle_order(items: Iterator[Any], buffer_size: int, rng: np.random.Generator) -> Iterator[Any]:
+    """Buffered shuffle: keep ``buffer_size`` items, emit a random one per new item, then drain.
+
+    The emitted order depends only on the RNG and the stream length, never on item values.
+    """
+    buffer: list[Any] = []
+    uniforms = rng.random(1024)
+    used = 0
+    for item in items:
+        if len(buffer) < buffer_size:
+            buffer.append(item)
+            continue
+        if used == len(uniforms):
+            uniforms, used = rng.random(1024), 0
+        slot = int(uniforms[used] * len(buffer))
+        used += 1
+        out, buffer[slot] = buffer[slot], item
+        yield out
+    for slot in rng.permutation(len(buffer)):
+        yield buffer[slot]
+
+
+class Shuffle(Reader):
+    """Seeded buffered shuffle, reshuffled per epoch (``rng = default_rng([seed, epoch])``).
+
+    Over an indexable upstream the order is computed on indices, so resuming is
+    O(1) in item work; over a generator it is replayed.
+    """
+
+    def __init__(self, upstream: Reader, buffer_size: int, seed: int = 0) -> None:
+        super().__init__(upstream)
+        if buffer_size < 1:
+            raise ValueError(f"shuffle buffer_size must be >= 1, got {buffer_size}")
+        self.buffer_size, self.seed = buffer_size, seed
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def _rng(self, epoch: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, epoch])
+
+    @property
+    def indexable(self) -> bool:
+        return self.upstream.indexable
+
+    def _num_items(self, epoch: int) -> int | None:
+        return self.upstream._num_items(epoch)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The permutation of upstream indices for ``epoch`` (indexable upstream only)."""
+        if self._order is None or self._order[0] != epoch:
+            n = self.upstream._num_items(epoch)
+            perm = np.fromiter(shuffle_order(iter(range(n)), self.buffer_size, self._rng(epoch)),
+                               dtype=np.int64, count=n)
+            self._order = (epoch, perm)
+        return self._order[1]
+
+    def _get(self, epoch: int, index: int) -> Any:
+        return self.upstream._get(epoch, int(self.order(epoch)[index]))
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        if self.indexable:
+            order = self.order(epoch)
+            for index in range(start, len(order)):
+                yield self.upstream._get(epoch, int(order[index]))
+            return
+        items = self.upstream._iter_from(epoch, 0)
+        yield from _skip(shuffle_order(items, self.buffer_size, self._rng(epoch)), start)
+
+
+class Map(Reader):
+    """Apply ``fn`` to every item, in this process or in ``workers`` processes (order kept).
+
+    Workers receive ``chunksize`` items per message (fewer round trips for cheap
+    items) and keep up to ``inflight`` chunks each in flight.
+    """
+
+    def __init__(self, upstream: Reader, fn: Callable[[Any], Any], *, workers: int = 0,
+                 ordered: bool = True, mp_context: str | None = None, inflight: int = 2,
+                 chunksize: int = 1) -> None:
+        super().__init__(upstream)
+        if workers < 0 or inflight < 1 or chunksize < 1:
+            raise ValueError(f"map: workers={workers} must be >= 0, inflight={inflight} and "
+                             f"chunksize={chunksize} >= 1")
+        self.fn, self.workers, self.ordered = fn, workers, ordered
+        self.mp_context, self.inflight, self.chunksize = mp_context, inflight, chunksize
+        self._pool: Any = None
+
+    @property
+    def indexable(self) -> bool:
+        return self.workers == 0 and self.upstream.indexable
+
+    def _num_items(self, epoch: int) -> int | None:
+        return self.upstream._num_items(epoch)
+
+    def _get(self, epoch: int, index: int) -> Any:
+        return self.fn(self.upstream._get(epoch, index))
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        items = self.upstream._iter_from(epoch, start)  # 1:1, so skipping never runs fn
+        if self.workers == 0:
+            for item in items:
+                yield self.fn(item)
+            return
+        from .workers import WorkerPool
+        if self._pool is None or self._pool.broken:
+            self._pool = WorkerPool(self.fn, self.workers, mp_context=self.mp_context,
+                                    inflight=self.inflight, chunksize=self.chunksize)
+        completed = False
+        try:
+            yield from self._pool.imap(items, ordered=self.ordered)
+            completed = True
+        finally:
+            if not completed:  # break, exception or Ctrl-C: do not leave processes behind
+                self.close_pool()
+
+    def close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def close(self) -> None:
+        self.close_pool()
+        super().close()
+
+
+class Batch(Reader):
+    """Group ``batch_size`` items and collate them (default: pad with ``pad_id`` to ``dict[str, Tensor]``)."""
+
+    def __init__(self, upstream: Reader, batch_size: int, *, collate: Callable[[list[Any]], Any] | None = None,
+                 drop_last: bool = False, pad_id: int = 0) -> None:
+        super().__init__(upstream)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size, self.drop_last, self.pad_id = batch_size, drop_last, pad_id
+        self.collate = collate or (lambda items: default_collate(items, pad_id))
+
+    def _num_items(self, epoch: int) -> int | None:
+        n = self.upstream._num_items(epoch)
+        if n is None:
+            return None
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        group: list[Any] = []
+        for item in self.upstream._iter_from(epoch, start * self.batch_size):
+            group.append(item)
+            if len(group) == self.batch_size:
+                yield self.collate(group)
+                group = []
+        if group and not self.drop_last:
+            yield self.collate(group)
+
+
+def bucket_boundaries(max_length: int, min_length: int = 8, step: float = 1.1) -> list[int]:
+    """Geometric bucket upper bounds ``8, 9, ..., ~x*1.1^k`` below ``max_length`` (as in T2T)."""
+    bounds, x = [], min_length
+    while x < max_length:
+        bounds.append(x)
+        x = max(x + 1, int(x * step))
+    return bounds + [max_length]
+
+
+def _default_length(item: Any) -> int:
+    if type(item) is dict or isinstance(item, Mapping):
+        return max(len(v) for v in item.values())
+    if isinstance(item, tuple):
+        return max(len(v) for v in item)
+    return len(item)
+
+
+class Bucket(Reader):
+    """Length-bucketed, token-budget batches (T2T style).
+
+    An item of length ``L`` goes to the first bucket whose bound ``>= L``; a
+    bucket with bound ``b`` emits a batch when it holds ``max(1, max_tokens // b)``
+    items, so every padded batch has at most ``max_tokens`` tokens per field.
+    Items longer than ``max_length`` (default ``max_tokens``) are dropped.
+    Partial buckets are flushed, shortest first, at the end of the epoch.
+    """
+
+    def __init__(self, upstream: Reader, max_tokens: int, *, length_fn: Callable[[Any], int] | None = None,
+                 max_length: int | None = None, min_length: int = 8, step: float = 1.1,
+                 collate: Callable[[list[Any]], Any] | None = None, pad_id: int = 0) -> None:
+        super().__init__(upstream)
+        if max_tokens < 1:
+            raise ValueError(f"bucket max_tokens must be >= 1, got {max_tokens}")
+        self.max_length = max_length or max_tokens
+        self.bounds = bucket_boundaries(self.max_length, min(min_length, self.max_length), step)
+        self.sizes = [max(1, max_tokens // b) for b in self.bounds]
+        self._slot_of = np.searchsorted(self.bounds, np.arange(self.max_length + 1)).tolist()
+        self.length_fn = length_fn or _default_length
+        self.collate = collate or (lambda items: default_collate(items, pad_id))
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        def batches() -> Iterator[list[Any]]:
+            buckets: list[list[Any]] = [[] for _ in self.bounds]
+            for item in self.upstream._iter_from(epoch, 0):
+                length = self.length_fn(item)
+                if length > self.max_length:
+                    continue
+                slot = self._slot_of[length]
+                buckets[slot].append(item)
+                if len(buckets[slot]) == self.sizes[slot]:
+                    yield buckets[slot]
+                    buckets[slot] = []
+            for bucket in buckets:
+                if bucket:
+                    yield bucket
+        for index, group in enumerate(batches()):
+            if index >= start:  # replay: bucketing needs every upstream item's length
+                yield self.collate(group)
+
+
+class Repeat(Reader):
+    """One epoch = ``count`` upstream epochs (``None``: endless)."""
+
+    def __init__(self, upstream: Reader, count: int | None = None) -> None:
+        super().__init__(upstream)
+        if count is not None and count < 1:
+            raise ValueError(f"repeat count must be >= 1 or None, got {count}")
+        self.count = count
+
+    def _num_items(self, epoch: int) -> int | None:
+        if self.count is None:
+            return None
+        sizes = [self.upstream._num_items(epoch * self.count + k) for k in range(self.count)]
+        return None if None in sizes else sum(sizes)  # type: ignore[arg-type]
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        k = 0
+        while self.count is None or k < self.count:
+            sub_epoch = epoch * self.count + k if self.count else k
+            size = self.upstream._num_items(sub_epoch)
+            seen = 0
+            if size is not None:  # skip by arithmetic
+                if start < size:
+                    yield from self.upstream._iter_from(sub_epoch, start)
+                start, seen = max(0, start - size), size
+            else:  # unknown length: replay and discard
+                for item in self.upstream._iter_from(sub_epoch, 0):
+                    seen += 1
+                    if start > 0:
+                        start -= 1
+                        continue
+                    yield item
+            if seen == 0 and self.count is None:
+                return  # an empty upstream would otherwise loop forever
+            k += 1
+
+
+class Take(Reader):
+    """The first ``count`` items of each epoch."""
+
+    def __init__(self, upstream: Reader, count: int) -> None:
+        super().__init__(upstream)
+        self.count = max(0, count)
+
+    @property
+    def indexable(self) -> bool:
+        return self.upstream.indexable
+
+    def _num_items(self, epoch: int) -> int | None:
+        n = self.upstream._num_items(epoch)
+        return None if n is None else min(n, self.count)
+
+    def _get(self, epoch: int, index: int) -> Any:
+        return self.upstream._get(epoch, index)
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        if start >= self.count:
+            return
+        for index, item in enumerate(self.upstream._iter_from(epoch, start), start):
+            yield item
+            if index + 1 >= self.count:
+                return
+
+
+class Skip(Reader):
+    """Each epoch without its first ``count`` items."""
+
+    def __init__(self, upstream: Reader, count: int) -> None:
+        super().__init__(upstream)
+        self.count = max(0, count)
+
+    @property
+    def indexable(self) -> bool:
+        return self.upstream.indexable
+
+    def _num_items(self, epoch: int) -> int | None:
+        n = self.upstream._num_items(epoch)
+        return None if n is None else max(0, n - self.count)
+
+    def _get(self, epoch: int, index: int) -> Any:
+        return self.upstream._get(epoch, index + self.count)
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        return self.upstream._iter_from(epoch, start + self.count)

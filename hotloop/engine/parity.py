@@ -1,0 +1,140 @@
+"""Parity check: a strategy must train exactly like the plain eager fp32 loop.
+
+``check_parity(build, strategy, steps=K)`` builds two fresh copies of the same
+problem (``build()`` must be deterministic: fixed seed), trains ``K`` steps
+with the reference (eager, fp32, per-tensor optimizer loop) and with
+``strategy``, and compares the loss trajectories and the final parameters.
+
+Default tolerances (``tol=None``): 0 (bitwise) for fp32 on the eager and graph
+backends, 1e-5 relative with ``fast_math`` passes, 1e-4 relative for ``backend=inductor`` (it re-fuses arithmetic) and
+for CUDA ``fused`` optimizer kernels (1-ulp differences per update), and
+3e-2 relative for bf16 (autocast rounds every matmul input to 8 bits of mantissa).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..hparams import HParams
+from ..problems.base import Batch
+from .strategy import Strategy
+
+__all__ = ["ParityCase", "ParityResult", "check_parity", "default_tolerance", "make_optimizer", "run_steps", "REFERENCE"]
+
+OptimizerFactory = Callable[[list[nn.Parameter], bool], torch.optim.Optimizer]
+
+#: The reference every strategy is compared with: the plain PyTorch loop.
+REFERENCE = Strategy(backend="eager", fused_optimizer=False, precision="fp32", prefetch=0)
+
+
+@dataclass
+class ParityCase:
+    """What ``build()`` returns: a fresh model, how to make its optimizer, and the batches.
+
+    ``optimizer`` is either hparams (``hotloop.optim.build_optimizer``) or a
+    factory ``fn(params, fused) -> Optimizer``. ``batches[i]`` is the batch of
+    step ``i`` (a list of batches means gradient accumulation over micro-batches).
+    """
+
+    model: nn.Module
+    optimizer: HParams | OptimizerFactory
+    batches: Sequence[Batch | list[Batch]]
+    loss_fn: Callable[..., Any] | None = None
+    max_grad_norm: float = 0.0
+    state: Any = None
+
+
+@dataclass
+class ParityResult:
+    ok: bool
+    max_abs_diff: float               # over losses and final parameters
+    losses_ref: list[float]
+    losses: list[float]
+    tol: float                        # relative tolerance used (0 = bitwise)
+    fallback_reason: str | None = None  # set when the strategy's step fell back to eager
+    report: list[str] = field(default_factory=list)
+
+
+def default_tolerance(strategy: Strategy, device: torch.device | str = "cpu") -> float:
+    """The relative tolerance :func:`check_parity` uses when ``tol`` is None."""
+    if strategy.precision != "fp32":
+        return 3e-2
+    if strategy.backend == "inductor":
+        return 1e-4
+    if strategy.fast_math and strategy.graph_passes:
+        return 1e-5
+    if strategy.fused_optimizer and torch.device(device).type == "cuda":
+        return 1e-4
+    return 0.0
+
+
+def _as_case(built: Any) -> ParityCase:
+    if isinstance(built, ParityCase):
+        return built
+    if isinstance(built, tuple) and len(built) == 3:
+        return ParityCase(*built)
+    raise TypeError("check_parity: build() must return a ParityCase or (model, optimizer, batches)")
+
+
+def make_optimizer(case: ParityCase, fused: bool) -> torch.optim.Optimizer:
+    params = [p for p in case.model.parameters() if p.requires_grad]
+    if isinstance(case.optimizer, HParams):
+        from ..optim import build_optimizer
+        return build_optimizer(params, case.optimizer, fused=fused)
+    return case.optimizer(params, fused)
+
+
+def run_steps(case: ParityCase, strategy: Strategy, steps: int) -> tuple[list[float], list[torch.Tensor], Any]:
+    """Train ``steps`` steps of ``case`` under ``strategy``; return (losses, final params, step)."""
+    from .step import compile_step
+    device = next(case.model.parameters()).device
+    optimizer = make_optimizer(case, strategy.fused_optimizer)
+    step = compile_step(case.model, case.loss_fn, optimizer, strategy, max_grad_norm=case.max_grad_norm)
+    state, losses = case.state, []
+    if len(case.batches) < steps:
+        raise ValueError(f"check_parity: build() gave {len(case.batches)} batches for {steps} steps")
+    for i in range(steps):
+        micro = case.batches[i]
+        micro = micro if isinstance(micro, list) else [micro]
+        micro = [{k: v.to(device) for k, v in b.items()} for b in micro]
+        result = step(micro, state)
+        state = result.state
+        losses.append(float(result.loss))
+    params = [p.detach().clone() for p in case.model.parameters()]
+    return losses, params, step
+
+
+def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    diff = (a.double() - b.double()).abs()
+    scale = b.double().abs().clamp(min=1.0)
+    return float(diff.max()) if diff.numel() else 0.0, float((diff / scale).max()) if diff.numel() else 0.0
+
+
+def check_parity(build: Callable[[], Any], strategy: Strategy, steps: int = 3,
+                 tol: float | None = None, *, compare_params: bool | None = None) -> ParityResult:
+    """Train ``steps`` steps with eager fp32 and with ``strategy`` from two ``build()`` calls.
+
+    ``ok`` when every loss (and, for fp32, every final parameter) agrees within
+    ``tol`` relative (max(|ref|, 1) scaled); ``tol=0`` demands bitwise equality.
+    Parameters are compared by default only when ``tol == 0``: under Adam a rounding-level
+    change in a near-zero gradient entry moves that parameter by up to ``lr`` (m/sqrt(v)
+    normalises it), so parameters are not a meaningful tolerance check.
+    """
+    ref_case = _as_case(build())
+    device = next(ref_case.model.parameters()).device
+    tol = default_tolerance(strategy, device) if tol is None else tol
+    compare_params = tol == 0 if compare_params is None else compare_params
+    losses_ref, params_ref, _ = run_steps(ref_case, REFERENCE, steps)
+    case = _as_case(build())
+    losses, params, step = run_steps(case, strategy, steps)
+    abs_max, rel_max = _rel_diff(torch.tensor(losses), torch.tensor(losses_ref))
+    if compare_params:
+        for p, q in zip(params, params_ref):
+            a, r = _rel_diff(p, q)
+            abs_max, rel_max = max(abs_max, a), max(rel_max, r)
+    ok = rel_max <= tol if tol > 0 else abs_max == 0.0
+    return ParityResult(ok, abs_max, losses_ref, losses, tol,
+                        getattr(step, "fallback_reason", None), list(getattr(step, "report", [])))

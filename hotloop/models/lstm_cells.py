@@ -1,0 +1,111 @@
+"""Interchangeable formulations of one multi-layer LSTM (same math, same parameters).
+
+Every formulation reads the parameters of one ``nn.LSTM`` (gate order i, f, g, o;
+``weight_ih_l{k}`` [4H, I], ``weight_hh_l{k}`` [4H, H], ``bias_ih_l{k}``,
+``bias_hh_l{k}`` [4H]) so checkpoints interchange between them:
+
+- ``fused``: ``nn.LSTM`` itself (cuDNN on GPU, oneDNN/ATen on CPU).
+- ``unrolled``: a per-step cell from primitive ops, both input and recurrent
+  projections per step (the "static graph" formulation).
+- ``hoisted``: one GEMM for the input projections of all steps per layer,
+  only the recurrent GEMM inside the time loop.
+
+All functions map ``x [T, B, I]`` and ``(h0, c0)`` each ``[L, B, H]`` to
+``(y [T, B, H], (hT, cT))``; dropout (if any) is applied between layers only,
+never on the recurrent connection.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["LSTM_IMPLS", "LSTMState", "run_lstm", "LSTMImplError"]
+
+LSTMState = tuple[Tensor, Tensor]
+
+
+class LSTMImplError(ValueError):
+    """Unknown LSTM formulation name."""
+
+
+def _layer_params(rnn: nn.LSTM, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (getattr(rnn, f"weight_ih_l{layer}"), getattr(rnn, f"weight_hh_l{layer}"),
+            getattr(rnn, f"bias_ih_l{layer}"), getattr(rnn, f"bias_hh_l{layer}"))
+
+
+def _cell_update(gates: Tensor, c: Tensor) -> LSTMState:
+    """gates [B, 4H] pre-activations (i, f, g, o), c [B, H] -> (h, c) [B, H]."""
+    i, f, g, o = gates.chunk(4, dim=1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return h, c
+
+
+def _fused(rnn: nn.LSTM, x: Tensor, state: LSTMState, dropout: float, training: bool
+           ) -> tuple[Tensor, LSTMState]:
+    y, (h, c) = rnn(x, state)
+    return y, (h, c)
+
+
+def _stack(layer_fn: Callable[[nn.LSTM, int, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
+           rnn: nn.LSTM, x: Tensor, state: LSTMState, dropout: float, training: bool
+           ) -> tuple[Tensor, LSTMState]:
+    h0, c0 = state
+    hs, cs = [], []
+    for layer in range(rnn.num_layers):
+        if layer > 0 and dropout > 0:
+            x = F.dropout(x, dropout, training)
+        x, h, c = layer_fn(rnn, layer, x, h0[layer], c0[layer])
+        hs.append(h)
+        cs.append(c)
+    return x, (torch.stack(hs), torch.stack(cs))
+
+
+def _unrolled_layer(rnn: nn.LSTM, layer: int, x: Tensor, h: Tensor, c: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    w_ih, w_hh, b_ih, b_hh = _layer_params(rnn, layer)
+    outputs = []
+    for t in range(x.shape[0]):
+        gates = F.linear(x[t], w_ih, b_ih) + F.linear(h, w_hh, b_hh)  # [B, 4H]
+        h, c = _cell_update(gates, c)
+        outputs.append(h)
+    return torch.stack(outputs), h, c                                   # [T, B, H]
+
+
+def _hoisted_layer(rnn: nn.LSTM, layer: int, x: Tensor, h: Tensor, c: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    w_ih, w_hh, b_ih, b_hh = _layer_params(rnn, layer)
+    steps, batch = x.shape[0], x.shape[1]
+    gx = torch.addmm(b_ih + b_hh, x.reshape(steps * batch, -1), w_ih.t())  # [T*B, 4H]
+    w_hh_t = w_hh.t()
+    outputs = []
+    for gx_t in gx.split(batch):                                        # one split, T views
+        h, c = _cell_update(torch.addmm(gx_t, h, w_hh_t), c)
+        outputs.append(h)
+    return torch.stack(outputs), h, c                                   # [T, B, H]
+
+
+def _unrolled(rnn, x, state, dropout, training):
+    return _stack(_unrolled_layer, rnn, x, state, dropout, training)
+
+
+def _hoisted(rnn, x, state, dropout, training):
+    return _stack(_hoisted_layer, rnn, x, state, dropout, training)
+
+
+LSTM_IMPLS: dict[str, Callable[..., tuple[Tensor, LSTMState]]] = {
+    "fused": _fused, "unrolled": _unrolled, "hoisted": _hoisted,
+}
+
+
+def run_lstm(impl: str, rnn: nn.LSTM, x: Tensor, state: LSTMState, *, dropout: float = 0.0,
+             training: bool = False) -> tuple[Tensor, LSTMState]:
+    """Run the stacked LSTM ``rnn`` on ``x [T, B, I]`` with formulation ``impl``."""
+    try:
+        fn = LSTM_IMPLS[impl]
+    except KeyError:
+        raise LSTMImplError(f"unknown lstm_impl {impl!r}; choose one of {sorted(LSTM_IMPLS)}") from None
+    return fn(rnn, x, state, dropout, training)

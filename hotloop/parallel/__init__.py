@@ -1,0 +1,17 @@
+"""Data parallel over ``torch.distributed`` (gloo on CPU, NCCL on GPU), launched by ``torchrun``.
+
+See docs/parallel.md. ``DistContext`` implements the Trainer's ``dist=`` hook;
+``launch`` re-runs a command under ``torch.distributed.run``.
+"""
+from .context import DistContext
+from .errors import (LaunchError, ParallelError, ShardedStateError, ShardingError,
+                     WorkerFailedError)
+from .group import DistEnv, init_process_group, is_distributed_env, read_env
+from .launch import launch, worker_entry
+from .sharded_optimizer import ShardedOptimizer, contiguous_owners, optimizer_state_bytes
+from .sharding import ShardedReader, shard_rows
+
+__all__ = ["DistContext", "LaunchError", "ParallelError", "ShardedStateError",
+           "ShardingError", "WorkerFailedError", "DistEnv", "init_process_group",
+           "is_distributed_env", "read_env", "launch", "worker_entry", "ShardedOptimizer", "contiguous_owners",
+           "optimizer_state_bytes", "ShardedReader", "shard_rows"]

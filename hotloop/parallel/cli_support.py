@@ -1,0 +1,103 @@
+"""What the ``hotloop`` command needs for ``--nproc N`` (kept here so the CLI edit stays small).
+
+In the command's process: :func:`maybe_launch` re-runs ``python -m hotloop
+<argv without --nproc/--max-restarts>`` in N workers under
+``torch.distributed.run`` and returns the exit code. In each worker:
+:func:`worker_context` builds the :class:`DistContext` from the torchrun
+environment, and :func:`worker_device` picks this rank's GPU.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from .errors import LaunchError, WorkerFailedError
+from .group import is_distributed_env
+from .launch import launch, strip_launch_flags
+
+__all__ = ["maybe_launch", "worker_context", "worker_device", "prepare_in_rank_order", "flag_value",
+           "restart_resume"]
+
+
+def flag_value(argv: Sequence[str], flag: str, default: int) -> int:
+    """The integer after ``flag`` (``--flag N`` or ``--flag=N``) in ``argv``, else ``default``."""
+    for i, arg in enumerate(argv):
+        raw = None
+        if arg == flag and i + 1 < len(argv):
+            raw = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            raw = arg.split("=", 1)[1]
+        if raw is not None:
+            try:
+                return int(raw)
+            except ValueError:
+                raise LaunchError(f"{flag} expects an integer, got {raw!r}") from None
+    return default
+
+
+def maybe_launch(argv: Sequence[str], stderr: Any = None) -> int | None:
+    """Launch ``hotloop <argv>`` in ``--nproc`` workers and return the exit code.
+
+    Returns None (run in this process) without ``--nproc`` > 1, or inside a
+    torchrun worker (the workers receive argv without the launcher flags).
+    """
+    stderr = stderr or sys.stderr
+    try:
+        nproc = flag_value(argv, "--nproc", 1)
+        if nproc == 1 or "TORCHELASTIC_RUN_ID" in os.environ:
+            return None
+        launch(nproc, ["hotloop", *strip_launch_flags(argv)],
+               max_restarts=flag_value(argv, "--max-restarts", 0))
+    except LaunchError as exc:
+        print(f"hotloop: error: {exc}", file=stderr)
+        return 2
+    except WorkerFailedError as exc:
+        print(f"hotloop: error: {exc}", file=stderr)
+        return exc.exit_code
+    return 0
+
+
+def worker_context(strategy: Any = None, overrides: str | None = None) -> Any:
+    """A :class:`DistContext` inside a multi-process job, else None (single process).
+
+    ``strategy`` may still be the string ``"auto"``; then ``data_parallel`` and
+    ``bucket_mb`` come from ``overrides`` (``--strategy-override``) when given.
+    """
+    if not is_distributed_env():
+        return None
+    from .context import DistContext
+    if isinstance(strategy, str):
+        from ..engine.strategy import Strategy, parse_strategy
+        strategy = parse_strategy(Strategy(), overrides) if overrides else None
+    return DistContext.from_env(strategy)
+
+
+def worker_device(device: str) -> str:
+    """``cuda`` becomes ``cuda:LOCAL_RANK`` in a multi-process job; anything else is unchanged."""
+    if device == "cuda" and is_distributed_env():
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    return device
+
+
+def prepare_in_rank_order(prepare: Callable[[], Any], dist: Any) -> None:
+    """Run datagen on the main rank first, then on the others (idempotent there: nothing to redo)."""
+    if dist is None:
+        prepare()
+        return
+    if dist.is_main:
+        prepare()
+    dist.barrier()
+    if not dist.is_main:
+        prepare()
+
+
+def restart_resume(resume: bool, has_checkpoints: bool) -> bool:
+    """``--resume`` for this worker: on a torchrun restart (attempt > 0), resume iff a checkpoint exists.
+
+    The first attempt keeps the user's choice; a restarted group continues from
+    the last checkpoint the failed attempt wrote (or starts over if it wrote none).
+    """
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return has_checkpoints
+    return resume

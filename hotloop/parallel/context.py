@@ -1,0 +1,136 @@
+"""`DistContext`: the Trainer's data-parallel hook over ``torch.distributed``.
+
+Same interface as :class:`hotloop.train.context.LocalContext`:
+``rank, world_size, is_main, wrap, shard_reader, all_reduce_stats, barrier,
+consolidate_optimizer_state``. Modes (``Strategy.data_parallel``):
+
+- ``"allreduce"``: DDP; gradients all-reduced in fused buckets of
+  ``Strategy.bucket_mb`` while backward runs (Paddle's fuse_all_reduce_ops).
+- ``"reduce"``: Paddle's Reduce mode (ZeRO-1): gradients reduced to the rank
+  that owns each parameter, owners update their shard of the parameters and
+  optimizer state, updated parameters broadcast in fused buckets.
+
+``"none"`` with more than one process means ``"allreduce"`` (ranks must
+agree on the gradients).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .errors import LaunchError
+from .group import init_process_group
+from .owner_reduce import OwnerReduce, register_owner_reduce
+from .routing import RoutedModel, route_through_ddp
+from .sharded_optimizer import ShardedOptimizer
+from .sharding import ShardedReader
+
+__all__ = ["DistContext"]
+
+log = logging.getLogger(__name__)
+
+class DistContext:
+    """One rank of a data-parallel job (the default process group must be initialised)."""
+
+    def __init__(self, mode: str = "allreduce", bucket_mb: float = 25.0, *,
+                 find_unused_parameters: bool = False, group: Any = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise LaunchError("torch.distributed is not initialised; use DistContext.from_env()")
+        if mode not in ("none", "allreduce", "reduce"):
+            raise LaunchError(f"data_parallel mode {mode!r}; choose allreduce or reduce")
+        self.mode = "allreduce" if mode == "none" else mode
+        self.bucket_mb = float(bucket_mb)
+        self.find_unused_parameters = find_unused_parameters
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.is_main = self.rank == 0
+        self.backend = dist.get_backend(group)
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if self.backend == "nccl" else torch.device("cpu"))
+        self.routed: RoutedModel | None = None
+        self.owner_reduce: OwnerReduce | None = None
+
+    @classmethod
+    def from_env(cls, strategy: Any = None, *, backend: str | None = None,
+                 timeout_s: float | None = None) -> "DistContext":
+        """Join the job described by ``torchrun``'s env vars; mode and bucket size from ``strategy``."""
+        init_process_group(backend, timeout_s)
+        mode = getattr(strategy, "data_parallel", "allreduce")
+        return cls(mode, getattr(strategy, "bucket_mb", 25.0))
+
+    # -- model and optimizer ------------------------------------------------------------
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer
+             ) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+        """Route ``model``'s training calls through DDP; in Reduce mode also shard ``optimizer``.
+
+        Returns ``(model, optimizer, no_sync)``: the same model object (its
+        ``loss``/``forward`` now synchronise gradients), the optimizer to step
+        (a :class:`ShardedOptimizer` in Reduce mode) and ``no_sync()`` for
+        gradient-accumulation micro-steps.
+        """
+        if self.routed is not None:
+            raise LaunchError("DistContext.wrap() was already called; use one context per model")
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp_kwargs = dict(device_ids=device_ids, bucket_cap_mb=self.bucket_mb,
+                          forward_sync_buffers=False, gradient_as_bucket_view=True,
+                          find_unused_parameters=self.find_unused_parameters,
+                          process_group=self.group)
+        if self.mode == "reduce":
+            optimizer = ShardedOptimizer(optimizer, rank=self.rank, world_size=self.world_size,
+                                         bucket_mb=self.bucket_mb, group=self.group)
+            self.routed = route_through_ddp(model, **ddp_kwargs)
+            self.owner_reduce = register_owner_reduce(
+                self.routed.ddp, optimizer.all_params, optimizer.owners, self.rank,
+                self.world_size, self.group)
+        else:
+            self.routed = route_through_ddp(model, **ddp_kwargs)
+        log.info("data parallel: %s over %d ranks (%s), buckets of %.1f MB", self.mode,
+                 self.world_size, self.backend, self.bucket_mb)
+        return model, optimizer, self.routed.no_sync
+
+    # -- data and statistics --------------------------------------------------------------
+    def shard_reader(self, reader: Any) -> ShardedReader:
+        """This rank's rows of every batch (see :mod:`hotloop.parallel.sharding`)."""
+        return ShardedReader(reader, self.rank, self.world_size)
+
+    def all_reduce_stats(self, stats: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Sum statistics over ranks in one collective (counts stay exact: float64 below 2**53)."""
+        if not stats:
+            return {}
+        keys = sorted(stats)
+        values = [torch.as_tensor(stats[k]) for k in keys]
+        flat = torch.stack([v.detach().to(self.device, torch.float64).reshape(()) for v in values])
+        dist.all_reduce(flat, group=self.group)                     # [num stats], float64
+        out = {}
+        for i, (key, value) in enumerate(zip(keys, values)):
+            out[key] = flat[i].to(value.device, value.dtype)
+        return out
+
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(group=self.group, device_ids=[self.device.index])
+        else:
+            dist.barrier(group=self.group)
+
+    def consolidate_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Collective (call on every rank): the full optimizer ``state_dict``.
+
+        In Reduce mode the owners' shards are gathered; the result indexes all
+        parameters, so it loads into any world size (or a single process).
+        """
+        if isinstance(optimizer, ShardedOptimizer):
+            return optimizer.consolidated_state_dict()
+        return optimizer.state_dict()
+
+    def close(self) -> None:
+        """Leave the process group (call once at the end of the job)."""
+        if self.routed is not None:
+            self.routed.unpatch()
+            self.routed = None
+        if dist.is_initialized():
+            dist.destroy_process_group()

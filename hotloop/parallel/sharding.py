@@ -1,0 +1,119 @@
+"""Split a reader over ranks: each rank takes its own contiguous rows of every batch.
+
+``hp.batch_size`` stays the *global* batch. Every rank iterates the same
+reader (same seed, so the same epoch shuffle) and keeps rows
+``[r * B / N, (r + 1) * B / N)`` of each batch, so the ranks read disjoint
+data, run the same number of steps (no deadlock at the end of an epoch), and
+N ranks x B/N rows compute the same averaged gradient as one process with B
+rows. For streamed LM windows ``[B, T]`` this gives every rank its own
+contiguous streams, so a carried recurrent state stays valid.
+
+Uneven tails: a batch whose row count is not a multiple of N loses its last
+``rows % N`` rows (the same rows on every rank); a batch with fewer than N
+rows is skipped by every rank.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+from torch import Tensor
+
+from .errors import ShardingError
+
+__all__ = ["ShardedReader", "shard_rows", "batch_rows"]
+
+log = logging.getLogger(__name__)
+
+# Fluent reader stages: chaining them on the sharded reader would silently
+# apply them to the unsharded upstream, so they must come before sharding.
+_STAGE_METHODS = frozenset({"shuffle", "map", "batch", "bucket", "repeat", "take", "prefetch"})
+
+
+def batch_rows(batch: Any) -> int:
+    """Rows (dim 0) of a batch: ``targets`` if present, else the first tensor."""
+    if isinstance(batch, Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        tensor = batch.get("targets")
+        if not isinstance(tensor, Tensor):
+            tensor = next((v for v in batch.values() if isinstance(v, Tensor) and v.dim() > 0), None)
+        if tensor is not None and tensor.dim() > 0:
+            return tensor.shape[0]
+    raise ShardingError(f"cannot split a batch of type {type(batch).__name__} over ranks: "
+                        "expected a dict of tensors with a batch dimension")
+
+
+def shard_rows(batch: Any, rank: int, world_size: int) -> Any | None:
+    """This rank's rows of ``batch`` (None when the batch has fewer rows than ranks).
+
+    Tensors whose dim 0 is not the batch size (per-batch metadata) are kept whole.
+    """
+    rows = batch_rows(batch)
+    per_rank = rows // world_size
+    if per_rank == 0:
+        return None
+    lo, hi = rank * per_rank, (rank + 1) * per_rank
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == rows:
+            return value[lo:hi]   # [rows, ...] -> [rows / N, ...], a view
+        return value
+
+    if isinstance(batch, Tensor):
+        return cut(batch)
+    return {k: cut(v) for k, v in batch.items()}
+
+
+class ShardedReader:
+    """Wrap a resumable reader; yield this rank's rows of each batch.
+
+    ``state_dict`` / ``load_state_dict`` / ``set_epoch`` / ``len`` are the
+    wrapped reader's (the position is global), so a checkpoint taken with one
+    world size resumes under another.
+    """
+
+    def __init__(self, reader: Any, rank: int, world_size: int) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ShardingError(f"rank {rank} is not in [0, {world_size})")
+        self.reader = reader
+        self.rank = rank
+        self.world_size = world_size
+        self._warned = False
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.reader:
+            part = shard_rows(batch, self.rank, self.world_size)
+            rows = batch_rows(batch)
+            if rows % self.world_size and not self._warned:
+                self._warned = True
+                log.warning("a batch of %d rows does not split over %d ranks: its last %d row(s) "
+                            "are dropped%s", rows, self.world_size, rows % self.world_size,
+                            " (the batch is skipped)" if part is None else "")
+            if part is not None:
+                yield part
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.reader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reader.load_state_dict(state)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.reader.set_epoch(epoch)
+
+    def close(self) -> None:
+        close = getattr(self.reader, "close", None)
+        if close is not None:
+            close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "reader":  # not yet set (during unpickling)
+            raise AttributeError(name)
+        if name in _STAGE_METHODS:
+            raise ShardingError(f"apply .{name}() before shard_reader(): on the sharded reader it "
+                                "would run on the unsharded upstream")
+        return getattr(self.reader, name)

@@ -1,0 +1,165 @@
+"""Multi30k task 1 German -> English translation (WMT16 multimodal, text only).
+
+Raw files ``{train,val,test_2016_flickr}.{de,en}.gz`` (29,000 / 1,014 /
+1,000 pairs) are verified by sha256 and downloaded when absent. Datagen
+trains a shared SentencePiece BPE vocabulary on the training text (ids 0 =
+pad, 1 = EOS, 2 = unk), appends EOS to every sentence and writes each split
+as ragged shards. Training batches are length-bucketed with a token budget
+(T2T style) after a seeded per-epoch shuffle; eval batches are bucketed
+without shuffling.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable
+
+from ..data.datagen import write_ragged_split
+from ..data.download import default_data_dir, default_raw_dir, download, verify_file
+from ..data.errors import DataError
+from ..data.reader import Reader
+from ..data.shards import ShardWriter, manifest_matches, read_manifest
+from ..data.sources import from_shards
+from ..hparams import HParams
+from ..registry import hparams_sets, problems
+from .base import Problem, ProblemSpec
+from .text_encoders import SubwordEncoder
+
+__all__ = ["Multi30kDeEn", "Multi30kHParams", "transformer_multi30k", "MULTI30K_SHA256",
+           "MULTI30K_PAIRS", "MULTI30K_URL", "fetch_multi30k"]
+
+log = logging.getLogger(__name__)
+
+SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+MULTI30K_PAIRS = {"train": 29_000, "valid": 1_014, "test": 1_000}
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+MULTI30K_SHA256 = {
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+}
+VOCAB_SIZE = 8000
+DEFAULT_MAX_LENGTH = 128
+
+
+@dataclass(frozen=True)
+class Multi30kHParams(HParams):
+    """Adds the token budget of a length-bucketed training batch."""
+
+    batch_tokens: int = 4096      # padded tokens per batch (per field); 0 = batch_size * 32
+
+
+@hparams_sets.register("transformer_multi30k")
+def transformer_multi30k() -> Multi30kHParams:
+    """A small pre-norm Transformer for Multi30k on CPU (about 12M parameters with the 8k vocabulary)."""
+    return Multi30kHParams(hidden_size=256, num_layers=3, num_heads=4, filter_size=1024, dropout=0.1,
+                           label_smoothing=0.1, batch_tokens=4096, optimizer="adam", learning_rate=1e-3,
+                           adam_beta2=0.98, lr_schedule="rsqrt_decay", warmup_steps=1000,
+                           max_grad_norm=1.0, max_epochs=20)
+
+
+def fetch_multi30k(raw_dir: str | Path, *, base_url: str = MULTI30K_URL) -> dict[str, Path]:
+    """Make the six ``.gz`` files present in ``raw_dir`` (downloading what is missing), sha256-verified."""
+    raw_dir = Path(raw_dir)
+    paths = {}
+    for name, sha in MULTI30K_SHA256.items():
+        path = raw_dir / name
+        if not path.is_file():
+            download(base_url + name, path, expected=sha)
+        verify_file(path, sha)
+        paths[name] = path
+    return paths
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return [line.strip() for line in handle.read().splitlines()]
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read gzip text ({exc})") from exc
+
+
+@problems.register("translate_multi30k_de_en")
+class Multi30kDeEn(Problem):
+    """German -> English; batches ``{"inputs": [B, S], "targets": [B, T]}`` int64, 0-padded."""
+
+    task: ClassVar[str] = "seq2seq"
+    eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
+    default_hparams: ClassVar[str] = "transformer_multi30k"
+    config: ClassVar[dict[str, Any]] = {"format": "multi30k-spm-bpe-v1", "sha256": MULTI30K_SHA256,
+                                        "vocab_size": VOCAB_SIZE, "shared_vocab": True}
+
+    def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
+        super().__init__(data_dir or default_data_dir("translate_multi30k_de_en"),
+                         raw_dir or default_raw_dir("multi30k"))
+        self._encoder: SubwordEncoder | None = None
+
+    def spec(self, hp: HParams) -> ProblemSpec:
+        length = hp.max_length or DEFAULT_MAX_LENGTH
+        return ProblemSpec(task="seq2seq", input_vocab_size=VOCAB_SIZE, target_vocab_size=VOCAB_SIZE,
+                           max_input_length=length, max_target_length=length)
+
+    def prepare(self) -> Path:
+        """Datagen (idempotent): verify/download, train the subword vocabulary, write shards."""
+        assert self.data_dir is not None and self.raw_dir is not None
+        if manifest_matches(self.data_dir, self.name, self.config):
+            log.info("multi30k: %s is already prepared", self.data_dir)
+            return self.data_dir
+        paths = fetch_multi30k(self.raw_dir)
+        text: dict[str, dict[str, list[str]]] = {}
+        for split, stem in SPLIT_FILES.items():
+            de, en = _read_lines(paths[f"{stem}.de.gz"]), _read_lines(paths[f"{stem}.en.gz"])
+            if len(de) != len(en) or len(de) != MULTI30K_PAIRS[split]:
+                raise DataError(f"{self.raw_dir}/{stem}.{{de,en}}.gz: {len(de)} / {len(en)} lines, "
+                                f"expected {MULTI30K_PAIRS[split]} pairs")
+            text[split] = {"inputs": de, "targets": en}
+        encoder = SubwordEncoder.train(text["train"]["inputs"] + text["train"]["targets"], VOCAB_SIZE)
+        writer = ShardWriter(self.data_dir, self.name, self.config)
+        encoder.save(self.data_dir / "subwords.model")
+        writer.add_file("subwords.model")
+        splits = {split: write_ragged_split(writer, split, {field: encoder.encode_many(lines)
+                                                            for field, lines in fields.items()})
+                  for split, fields in text.items()}
+        writer.finish({"vocab_size": encoder.vocab_size, "splits": splits})
+        self._encoder = encoder
+        log.info("multi30k: prepared %s", self.data_dir)
+        return self.data_dir
+
+    def _ensure_prepared(self) -> dict[str, Any]:
+        assert self.data_dir is not None
+        if not (self.data_dir / "manifest.json").is_file():
+            self.prepare()
+        return read_manifest(self.data_dir)
+
+    @property
+    def encoder(self) -> SubwordEncoder:
+        if self._encoder is None:
+            self._ensure_prepared()
+            assert self.data_dir is not None
+            self._encoder = SubwordEncoder.load(self.data_dir / "subwords.model")
+        return self._encoder
+
+    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
+               max_tokens: int | None = None) -> Reader:
+        """Bucketed token-budget batches; training shuffles (seeded per epoch) and drops over-long pairs."""
+        if split not in SPLIT_FILES:
+            raise ValueError(f"unknown split {split!r}; use train, valid or test")
+        manifest = self._ensure_prepared()
+        source = from_shards(self.data_dir, split)
+        shuffle = split == "train" if shuffle is None else shuffle
+        max_length = hp.max_length or DEFAULT_MAX_LENGTH
+        longest = max(manifest["meta"]["splits"][split]["max_length"].values())
+        if split != "train" and longest > max_length:
+            raise DataError(f"{split} has a {longest}-token sentence, longer than max_length={max_length}; "
+                            "raise hp.max_length (eval never drops examples)")
+        budget = max_tokens or getattr(hp, "batch_tokens", 0) or hp.batch_size * 32
+        chain: Reader = source.shuffle(len(source), seed=hp.seed + seed) if shuffle else source
+        return chain.bucket(max(budget, max_length), max_length=max_length)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.encoder.decode(ids)

@@ -1,0 +1,12 @@
+"""Tools around the training loop: the autotuner (``strategy="auto"``) and the speed doctor.
+
+Submodules are imported on use (``from hotloop.tools.autotune import auto_strategy``),
+so importing :mod:`hotloop.tools` stays cheap. See ``docs/tune.md``.
+
+- ``autotune`` (+ ``hardware``, ``model_facts``, ``proposals``, ``trials``, ``tune_cache``,
+  ``tune_report``, ``isolation``): ``auto_strategy`` / ``tune``; ``tune_cli``: ``hotloop tune``
+- ``profile`` (+ ``profile_report``, ``profile_advice``): the speed doctor; ``profile_cli``: ``hotloop profile``
+"""
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,247 @@
+"""``strategy="auto"``: propose by rules, confirm by interleaved timed trials, guard parity, cache.
+
+1. read a few real batches (timing the reader), measure the model (FLOPs, op sizes, layers);
+2. time eager fp32 (the baseline, always a candidate) to size the budget:
+   ``min(max_seconds, budget_fraction * planned_steps * eager_step)``;
+3. rules propose candidates (:mod:`hotloop.tools.proposals`): all combined,
+   the combination without each one, then each alone; the ones that fit the
+   budget run interleaved with the baseline (:mod:`hotloop.tools.trials`);
+4. a candidate is chosen only if its median step beats eager by ``min_gain``
+   and its loss trajectory matches eager fp32 within the engine's tolerance
+   (trial trajectories + :func:`hotloop.engine.parity.check_parity`);
+5. the choice is cached (:mod:`hotloop.tools.tune_cache`).
+
+The caller's model, its weights and every global RNG stream are left as they were.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..engine.parity import REFERENCE, ParityCase, check_parity, default_tolerance
+from ..engine.strategy import Strategy
+from ..hparams import HParams
+from ..problems.base import Batch, Problem
+from .hardware import HardwareInfo, detect_hardware
+from .isolation import applied_strategy, preserved_process_state
+from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
+from .proposals import Proposal, ReaderFacts, baseline_strategy, candidate_order, propose
+from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
+from .tune_cache import cache_key, load_choice, save_choice
+from .tune_report import TuneReport
+
+__all__ = ["auto_strategy", "tune", "read_batches", "parity_tolerance", "DEFAULT_MAX_SECONDS"]
+
+DEFAULT_MAX_SECONDS = 60.0
+PARITY_STEPS = 3        # steps of the engine's check_parity for a winner
+
+
+def read_batches(problem: Problem, hp: HParams, count: int, device: torch.device
+                 ) -> tuple[list[Batch], float]:
+    """The first ``count`` training batches (on ``device``) and the median seconds per batch."""
+    reader = problem.reader("train", hp)
+    batches: list[Batch] = []
+    times: list[float] = []
+    iterator = iter(reader)
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            times.append(time.perf_counter() - start)
+            batches.append({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+    finally:
+        close = getattr(reader, "close", None)
+        if callable(close):
+            close()
+    if not batches:
+        raise ValueError(f"problem {problem.name!r} produced no training batches")
+    steady = times[1:] or times
+    return batches, statistics.median(steady)
+
+
+def _engine_backends() -> tuple[str, ...]:
+    """Capture backends the engine provides (its ``graph_step`` / ``inductor_step`` modules)."""
+    import importlib.util
+    found = []
+    for backend, module in (("graph", "hotloop.engine.graph_step"), ("inductor", "hotloop.engine.inductor_step")):
+        if importlib.util.find_spec(module) is not None:
+            found.append(backend)
+    return tuple(found)
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def _calibrate(runner: TrialRunner, baseline: Trial, hard: Budget, model: nn.Module,
+               budget_for: Callable[[float], float]) -> ModelFacts:
+    """Eager fp32: one warm-up step that also counts FLOPs and ops, then up to MIN_STEPS timed steps.
+
+    Calibration stops after the first timed step once it has used 30% of the
+    budget that eager's speed implies (a very slow eager must not eat it all).
+    """
+    facts = analyze_model(model)
+    baseline.warmup = 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)          # the counting step is untimed: one thread keeps it cheap on busy cores
+    try:
+        with counting() as counts:
+            runner.step(baseline)
+    finally:
+        torch.set_num_threads(threads)
+    facts = facts.with_counts(counts)
+    while len(baseline.step_times) < MIN_STEPS and baseline.status == "ok" and hard.remaining() > 0:
+        runner.step(baseline)
+        if baseline.step_times and hard.elapsed() > 0.3 * budget_for(baseline.median):
+            break
+    return facts
+
+
+THREADS_TOL = 1e-5     # a different intra-op thread count re-splits float reductions (1-ulp level)
+
+
+def parity_tolerance(strategy: Strategy, baseline: Strategy, device: torch.device) -> float:
+    """The engine's tolerance for ``strategy``; at least THREADS_TOL when it changes the thread count."""
+    tol = default_tolerance(strategy, device)
+    if strategy.intra_op_threads != baseline.intra_op_threads:
+        tol = max(tol, THREADS_TOL)
+    return tol
+
+
+def _trajectory_ok(trial: Trial, baseline: Trial, device: torch.device) -> tuple[bool, str]:
+    tol = parity_tolerance(trial.strategy, baseline.strategy, device)
+    n = min(len(trial.losses), len(baseline.losses))
+    worst = max((abs(a - b) / max(abs(b), 1.0) for a, b in zip(trial.losses[:n], baseline.losses[:n])),
+                default=0.0)
+    ok = worst <= tol if tol > 0 else all(a == b for a, b in zip(trial.losses[:n], baseline.losses[:n]))
+    what = "bitwise" if tol == 0 else f"rel {worst:.1e} <= {tol:.0e}"
+    return ok, (f"ok ({what}, {n} steps)" if ok else
+                f"REJECTED (loss rel diff {worst:.2e} > tol {tol:.0e} over {n} steps)")
+
+
+def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], trial: Trial,
+                   device: torch.device) -> tuple[bool, str]:
+    import copy
+    accum = max(1, hp.accum_steps)
+    steps = [list(batches[(i * accum + j) % len(batches)] for j in range(accum)) for i in range(PARITY_STEPS)]
+
+    def build() -> ParityCase:
+        model = copy.deepcopy(pristine).train()
+        if trial.strategy.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return ParityCase(model, hp, steps, max_grad_norm=hp.max_grad_norm,
+                          state=initial_state_for(model, batches[0], device))
+
+    tol = parity_tolerance(trial.strategy, REFERENCE, device)
+    with applied_strategy(trial.strategy, device):
+        result = check_parity(build, trial.strategy, steps=PARITY_STEPS, tol=tol)
+    if result.ok:
+        return True, f"check_parity ok (max diff {result.max_abs_diff:.1e})"
+    return False, f"REJECTED by check_parity (max diff {result.max_abs_diff:.2e}, tol {result.tol:.0e})"
+
+
+def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain: float
+            ) -> Trial:
+    baseline.parity = "reference"
+    faster: list[Trial] = []
+    for t in trials:
+        if not t.measured:
+            continue
+        ok, t.parity = _trajectory_ok(t, baseline, runner.device)
+        if ok and len(t.step_times) >= MIN_STEPS and t.median < baseline.median * (1 - min_gain):
+            faster.append(t)
+    for t in sorted(faster, key=lambda t: t.median):
+        ok, verdict = _engine_parity(runner.pristine, runner.hp, runner.batches, t, runner.device)
+        runner.step_calls += 2 * PARITY_STEPS
+        t.parity = f"{t.parity}; {verdict}"
+        if ok:
+            return t
+    return baseline
+
+
+def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device | str = "cpu",
+         planned_steps: int | None = None, *, budget_fraction: float = 0.05,
+         max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
+         log: Callable[[str], None] = print, extra_proposals: Sequence[Proposal] = (),
+         num_batches: int = 16, warmup: int = 2, max_trial_steps: int = 10,
+         min_gain: float = 0.02, hardware: HardwareInfo | None = None) -> TuneReport:
+    """Run the autotuner and return the full report (``auto_strategy`` returns ``report.strategy``)."""
+    device = torch.device(device)
+    started = time.perf_counter()
+    importlib.import_module("torch._dynamo")  # torch.optim imports it on first use (seconds): not tuning time
+    hard = Budget(max_seconds)
+    hw = hardware or detect_hardware(device)
+    baseline_s = baseline_strategy()
+    with preserved_process_state():
+        batches, reader_s = read_batches(problem, hp, num_batches * max(1, hp.accum_steps), device)
+        key = cache_key(model, hp, batches[0], hw, device)
+        if cache:
+            hit = load_choice(key, device)
+            if hit is not None:
+                strategy, record = hit
+                report = TuneReport(strategy, "cached", "hit", hw, baseline_s,
+                                    cached_rows=record.get("table", []))
+                report.tune_seconds = time.perf_counter() - started
+                log(f"autotune: cache hit -> {report.summary()}")
+                return report
+        runner = TrialRunner(model, hp, batches, device, warmup=warmup)
+        baseline = Trial("eager", baseline_s, "baseline: eager fp32, per-tensor optimizer loop")
+        runner.prepare(baseline)
+        def budget_for(eager_s: float) -> float:
+            wanted = budget_fraction * planned_steps * eager_s if planned_steps else max_seconds
+            return min(max_seconds, wanted)
+
+        facts = _calibrate(runner, baseline, hard, model, budget_for)
+        eager_s = baseline.median if baseline.measured else (hard.elapsed() or 1.0)
+        budget = Budget(budget_for(eager_s))
+        budget.start = hard.start
+        reader = ReaderFacts(reader_s, eager_s)
+        load = _load_average()
+        proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(),
+                            load=load)
+        proposals = list(extra_proposals) + proposals          # the caller's own candidates first
+        ordered = candidate_order([p for p in proposals if p.timed])
+        pending = [Trial(p.label, p.apply(baseline_s), p.rule, compile_cost=p.compile_cost) for p in ordered]
+        trials = runner.run_candidates(pending, baseline, max_trial_steps, budget,
+                                       reserve_steps=2 * PARITY_STEPS)
+        skipped = [t.label for t in trials if t.status.startswith("skipped")]
+        if skipped:
+            log(f"autotune: budget {budget.seconds:.1f}s: skipped {skipped}")
+        winner = _choose(trials, baseline, runner, min_gain) if baseline.measured else baseline
+        runner.release([baseline] + trials)
+        pipeline = [p for p in proposals if not p.timed]
+        strategy = winner.strategy
+        for p in pipeline:
+            strategy = p.apply(strategy)
+        report = TuneReport(strategy, winner.label, "miss" if cache else "disabled", hw, baseline_s,
+                            [baseline] + trials, pipeline, facts, reader, budget.seconds,
+                            step_calls=runner.step_calls)
+        report.notes.append(f"load average {load:.1f} on {hw.cores} cores while tuning")
+        if not baseline.measured:
+            report.notes.append("the budget ended before eager was measured: eager kept")
+        report.tune_seconds = time.perf_counter() - started
+        if cache:
+            save_choice(key, strategy, report.rows())
+    log(report.summary())
+    return report
+
+
+def auto_strategy(model: nn.Module, problem: Problem, hp: HParams, device: torch.device | str,
+                  planned_steps: int | None, *, budget_fraction: float = 0.05,
+                  max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
+                  log: Callable[[str], None] = print) -> Strategy:
+    """The Strategy for ``strategy="auto"``: never slower than eager fp32 in its own measurements."""
+    return tune(model, problem, hp, device, planned_steps, budget_fraction=budget_fraction,
+                max_seconds=max_seconds, cache=cache, log=log).strategy

@@ -1,0 +1,152 @@
+"""What a model looks like to the autotuner: layer counts, parameters, FLOPs and op sizes.
+
+``analyze_model`` walks the modules (Linear / LSTM / GRU / Conv / Embedding
+counts, sparse embeddings, parameter count) and runs one forward + backward of
+a *copy* on a real batch under torch's FLOP counter and an aten-op counter, so
+the FLOPs per step, the matmul and convolution shares and the mean op size
+are measured rather than guessed.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..problems.base import Batch
+from .isolation import preserved_process_state
+
+__all__ = ["ModelFacts", "StepCounts", "analyze_model", "count_layers", "counting", "initial_state_for"]
+
+_MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_dot_product")
+_CONV_OPS = ("convolution", "conv")
+_LAYER_KINDS: dict[str, tuple[type, ...]] = {
+    "linear": (nn.Linear, nn.Bilinear),
+    "recurrent": (nn.LSTM, nn.GRU, nn.RNN, nn.LSTMCell, nn.GRUCell, nn.RNNCell),
+    "conv": (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d),
+    "embedding": (nn.Embedding, nn.EmbeddingBag),
+    "attention": (nn.MultiheadAttention,),
+    "norm": (nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm),
+}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    model_class: str
+    params: int
+    layers: dict[str, int]               # kind -> count (see _LAYER_KINDS)
+    sparse_embeddings: int               # nn.Embedding(sparse=True) count
+    has_conv2d: bool                     # channels_last only helps 4-D convolutions
+    flops_per_step: float = 0.0          # forward + backward, one optimizer step
+    ops_per_step: int = 0                # aten ops dispatched in forward + backward
+    flop_share: dict[str, float] = field(default_factory=dict)  # "matmul"/"conv"/"other" -> 0..1
+
+    def with_counts(self, counts: "StepCounts") -> "ModelFacts":
+        return dataclasses.replace(self, flops_per_step=counts.flops, ops_per_step=counts.ops,
+                                   flop_share=dict(counts.share))
+
+    @property
+    def flops_per_op(self) -> float:
+        return self.flops_per_step / max(self.ops_per_step, 1)
+
+    def summary(self) -> str:
+        layers = ", ".join(f"{k}={v}" for k, v in self.layers.items() if v) or "none"
+        share = ", ".join(f"{k} {v:.0%}" for k, v in self.flop_share.items())
+        return (f"{self.model_class}: {self.params / 1e6:.2f}M params; layers {layers}; "
+                f"{self.flops_per_step / 1e9:.3f} GFLOP/step over {self.ops_per_step} ops "
+                f"({self.flops_per_op / 1e6:.2f} MFLOP/op); FLOPs {share or 'n/a'}")
+
+
+def count_layers(model: nn.Module) -> tuple[dict[str, int], int, bool]:
+    """(kind -> count, sparse embedding count, has 2-D conv) from a module walk."""
+    counts: Counter[str] = Counter()
+    sparse = 0
+    conv2d = False
+    for module in model.modules():
+        for kind, types in _LAYER_KINDS.items():
+            if isinstance(module, types):
+                counts[kind] += 1
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+            sparse += 1
+        if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
+            conv2d = True
+    return {kind: counts.get(kind, 0) for kind in _LAYER_KINDS}, sparse, conv2d
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts aten ops reaching the dispatcher (after FlopCounterMode's own bookkeeping)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _share(flop_counts: dict[str, dict[Any, int]]) -> tuple[float, dict[str, float]]:
+    per_op = flop_counts.get("Global", {})
+    total = float(sum(per_op.values()))
+    buckets = {"matmul": 0.0, "conv": 0.0, "other": 0.0}
+    for op, flops in per_op.items():
+        name = getattr(op, "__name__", str(op).rsplit(".", 1)[-1])
+        if any(name.startswith(m) for m in _MATMUL_OPS):
+            buckets["matmul"] += flops
+        elif any(name.startswith(c) for c in _CONV_OPS):
+            buckets["conv"] += flops
+        else:
+            buckets["other"] += flops
+    return total, {k: v / total for k, v in buckets.items()} if total else {}
+
+
+@dataclass
+class StepCounts:
+    flops: float = 0.0
+    ops: int = 0
+    share: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[StepCounts]:
+    """Count FLOPs (torch's FlopCounterMode) and aten ops of whatever runs inside the block."""
+    counts = StepCounts()
+    counter = FlopCounterMode(display=False)
+    ops = _OpCounter()
+    with counter, ops:
+        yield counts
+    counts.flops, counts.share = _share(counter.get_flop_counts())
+    counts.ops = ops.count
+
+
+def initial_state_for(model: nn.Module, batch: Batch, device: torch.device) -> Any:
+    init = getattr(model, "initial_state", None)
+    if init is None:
+        return None
+    return init(batch["targets"].shape[0], device)
+
+
+def analyze_model(model: nn.Module, batch: Batch | None = None, *,
+                  loss_fn: Callable[[nn.Module, Batch, Any], Any] | None = None) -> ModelFacts:
+    """Structure of ``model``; with ``batch``, also measured FLOPs/ops of one fwd+bwd (on a copy)."""
+    layers, sparse, conv2d = count_layers(model)
+    params = sum(p.numel() for p in model.parameters())
+    name = f"{type(model).__module__}.{type(model).__qualname__}"
+    facts = ModelFacts(name, params, layers, sparse, conv2d)
+    if batch is None:
+        return facts
+    clone = copy.deepcopy(model)
+    device = next(clone.parameters()).device if params else torch.device("cpu")
+    with preserved_process_state():
+        state = initial_state_for(clone, batch, device)
+        with counting() as counts:
+            out = loss_fn(clone, batch, state) if loss_fn else clone.loss(batch, state)
+            out.loss.backward()
+    return facts.with_counts(counts)

@@ -1,0 +1,163 @@
+"""Rules that turn model structure + hardware + reader speed into Strategy proposals.
+
+Each :class:`Proposal` names the rule that produced it (shown in the tune
+table). Compute proposals are *timed* by the trials; input-pipeline proposals
+(prefetch, workers) cannot be timed on prepared batches and are applied by
+rule when the reader is measurably slow relative to the step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.strategy import Strategy
+from .hardware import HardwareInfo
+from .model_facts import ModelFacts
+
+__all__ = ["Proposal", "ReaderFacts", "propose", "baseline_strategy", "combine", "candidate_order",
+           "SMALL_OP_FLOPS", "HEAVY_SHARE", "DATA_BOUND_RATIO"]
+
+SMALL_OP_FLOPS = 2e6      # mean FLOPs per aten op below which dispatch/threading overhead dominates
+HEAVY_SHARE = 0.5         # a FLOP share at or above this makes a model "matmul-" or "conv-heavy"
+DATA_BOUND_RATIO = 0.05   # reader time per batch / step time above which feeding must be async
+COMPILE_OPS = 300         # ops per step above which whole-step capture is worth trying
+
+
+@dataclass(frozen=True)
+class ReaderFacts:
+    """Measured cost of producing one batch on the training thread."""
+
+    seconds_per_batch: float
+    step_seconds: float = 0.0   # eager step time, filled once measured
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds_per_batch / self.step_seconds if self.step_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Proposal:
+    label: str
+    changes: dict[str, Any]
+    rule: str
+    timed: bool = True          # False: input-pipeline setting, applied by rule
+    expected_gain: float = 0.0  # rough prior used only to order the trials
+    compile_cost: float = 0.0   # rough extra seconds of the first step (capture / compilation)
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def apply(self, strategy: Strategy) -> Strategy:
+        return strategy.replace(**self.changes)
+
+
+def baseline_strategy() -> Strategy:
+    """Plain eager fp32 with a per-tensor optimizer loop: the reference every candidate must beat."""
+    return Strategy(backend="eager", precision="fp32", fused_optimizer=False, inplace=False,
+                    graph_passes=False, intra_op_threads=0, executor="serial")
+
+
+def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tuple[str, ...],
+                   load: float) -> list[Proposal]:
+    out: list[Proposal] = []
+    share = facts.flop_share
+    small_ops = facts.ops_per_step > 0 and facts.flops_per_op < SMALL_OP_FLOPS
+    if facts.sparse_embeddings == 0:
+        out.append(Proposal("fused_optimizer", {"fused_optimizer": True},
+                            "no sparse gradients -> multi-tensor (fused/foreach) optimizer update",
+                            expected_gain=0.05))
+    busy = max(0.0, load - 1.0)             # runnable work besides this process
+    if hw.cores > 1 and (small_ops or busy >= hw.cores / 2):
+        threads = 1 if small_ops else max(1, hw.cores - round(busy))
+        why = (f"many small ops ({facts.ops_per_step} ops, {facts.flops_per_op / 1e6:.2f} MFLOP/op)"
+               if small_ops else f"shared cores (load average {load:.1f} on {hw.cores} cores)")
+        out.append(Proposal(f"threads={threads}", {"intra_op_threads": threads, "executor": "serial"},
+                            f"{why} -> serial executor, fewer threads",
+                            expected_gain=0.1 if small_ops else min(0.5, busy / hw.cores)))
+    if share.get("conv", 0.0) >= HEAVY_SHARE:
+        if facts.has_conv2d:
+            out.append(Proposal("channels_last", {"channels_last": True},
+                                f"conv-heavy ({share['conv']:.0%} of FLOPs) -> channels_last",
+                                expected_gain=0.15))
+        if hw.device == "cuda":
+            out.append(Proposal("cudnn_benchmark", {"cudnn_benchmark": True},
+                                f"conv-heavy ({share['conv']:.0%} of FLOPs) -> cudnn.benchmark",
+                                expected_gain=0.1))
+    dense = share.get("matmul", 0.0) + share.get("conv", 0.0)
+    if dense >= HEAVY_SHARE and hw.fast_bf16:
+        why = "tensor cores" if hw.device == "cuda" else "+".join(hw.cpu_bf16)
+        kind = "matmul" if share.get("matmul", 0.0) >= share.get("conv", 0.0) else "conv"
+        out.append(Proposal("bf16", {"precision": "bf16"},
+                            f"{kind}-heavy ({dense:.0%} of FLOPs in matmul/conv) on fast-bf16 hardware "
+                            f"({why}) -> precision=bf16", expected_gain=0.3, tags=("lossy",)))
+    if hw.device == "cuda" and hw.cuda_capability >= (8, 0) and share.get("matmul", 0.0) >= HEAVY_SHARE:
+        out.append(Proposal("tf32", {"tf32": True}, "fp32 matmuls on Ampere+ -> TF32 tensor cores",
+                            expected_gain=0.2, tags=("lossy",)))
+    if facts.ops_per_step >= COMPILE_OPS and small_ops:
+        for backend, cost in (("graph", 2.0), ("inductor", 40.0)):
+            if backend in available_backends:
+                out.append(Proposal(f"backend={backend}", {"backend": backend},
+                                    f"many small ops ({facts.ops_per_step}/step) -> whole-step capture "
+                                    f"(backend={backend})", expected_gain=0.2, compile_cost=cost))
+    return out
+
+
+def _data_rules(reader: ReaderFacts | None, hw: HardwareInfo, base: Strategy) -> list[Proposal]:
+    if reader is None or reader.step_seconds <= 0 or reader.ratio < DATA_BOUND_RATIO:
+        return []
+    ratio = reader.ratio
+    why = (f"data-bound reader ({reader.seconds_per_batch * 1e3:.2f} ms/batch = {ratio:.0%} of the "
+           f"{reader.step_seconds * 1e3:.2f} ms step)")
+    changes: dict[str, Any] = {"prefetch": max(base.prefetch, 2)}
+    if ratio >= 0.5 and hw.cores > 1:
+        workers = min(hw.cores - 1, max(1, math.ceil(ratio)))
+        changes["num_workers"] = max(base.num_workers, workers)
+        changes["prefetch"] = max(changes["prefetch"], 2 * workers)
+        return [Proposal("more workers", changes, why + f" -> {workers} worker(s) + async prefetch",
+                         timed=False, expected_gain=min(ratio, 1.0))]
+    return [Proposal("prefetch", changes, why + " -> async prefetch overlaps it with compute",
+                     timed=False, expected_gain=min(ratio, 1.0))]
+
+
+def propose(facts: ModelFacts, hw: HardwareInfo, reader: ReaderFacts | None = None, *,
+            base: Strategy | None = None, available_backends: tuple[str, ...] = (),
+            load: float = 0.0) -> list[Proposal]:
+    """All proposals for this model/hardware/reader, best expected gain first (timed ones first).
+
+    ``load``: the 1-minute load average (``os.getloadavg()[0]``, this process included);
+    other work on the cores makes fewer intra-op threads worth timing.
+    """
+    base = base or baseline_strategy()
+    proposals = _compute_rules(facts, hw, available_backends, load) + _data_rules(reader, hw, base)
+    return sorted(proposals, key=lambda p: (not p.timed, -p.expected_gain))
+
+
+def combine(proposals: list[Proposal], label: str = "all proposals") -> Proposal | None:
+    """One proposal applying every timed, non-conflicting change (first wins on conflicts)."""
+    changes: dict[str, Any] = {}
+    used: list[str] = []
+    for p in proposals:
+        if not p.timed or any(k in changes and changes[k] != v for k, v in p.changes.items()):
+            continue
+        changes.update(p.changes)
+        used.append(p.label)
+    if len(used) < 2:
+        return None
+    cost = sum(p.compile_cost for p in proposals if p.label in used)
+    tags = tuple(sorted({t for p in proposals if p.label in used for t in p.tags}))
+    return Proposal(label, changes, "combined: " + " + ".join(used), compile_cost=cost, tags=tags)
+
+
+def candidate_order(timed: list[Proposal]) -> list[Proposal]:
+    """What to time, most informative first: all proposals combined, then the combination
+    without each one (is that part hurting?), then each proposal alone."""
+    combined = combine(timed)
+    if combined is None:
+        return list(timed)
+    used = combined.rule.removeprefix("combined: ").split(" + ")
+    leave_one_out = []
+    for label in used:
+        rest = combine([p for p in timed if p.label != label and p.label in used], f"all but {label}")
+        if rest is None:                                   # a single proposal is left: it is timed alone
+            continue
+        leave_one_out.append(rest)
+    return [combined] + leave_one_out + list(timed)

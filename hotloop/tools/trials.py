@@ -1,0 +1,229 @@
+"""Short, interleaved, timed training trials of candidate strategies on real batches.
+
+Every candidate trains its own copy of the *same* initial weights on the
+*same* batch sequence, one step per round in round-robin order (so load from
+other processes hits all candidates alike); per-step times after warm-up give
+a median, and the per-step losses feed the parity guard. A :class:`Budget`
+bounds the wall time; candidates that do not fit are skipped, never run.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..engine import step as engine_step
+from ..engine.strategy import Strategy, StrategyError, validate_for_model
+from ..hparams import HParams
+from ..optim import build_optimizer, sparse_gradient_modules
+from ..problems.base import Batch
+from .isolation import applied_strategy
+from .model_facts import initial_state_for
+
+__all__ = ["Budget", "Trial", "TrialRunner", "MIN_MEASURED"]
+
+MIN_MEASURED = 3        # measured steps a candidate needs to be compared
+
+
+class Budget:
+    """Wall-clock allowance in seconds, counted from construction."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.seconds = max(0.0, float(seconds))
+        self.clock = clock
+        self.start = clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def remaining(self) -> float:
+        return self.seconds - self.elapsed()
+
+
+@dataclass
+class Trial:
+    """One candidate: its strategy, where it came from, and what was measured."""
+
+    label: str
+    strategy: Strategy
+    rule: str
+    compile_cost: float = 0.0
+    warmup: int | None = None            # warm-up steps for this trial (None: the runner's)
+    status: str = "pending"              # pending | ok | unsupported: .. | failed: .. | skipped: ..
+    parity: str = ""                     # reference | ok (..) | REJECTED (..) | n/a
+    step_times: list[float] = field(default_factory=list)   # seconds, warm-up excluded
+    warmup_times: list[float] = field(default_factory=list)  # seconds of the warm-up steps
+    losses: list[float] = field(default_factory=list)       # every step, warm-up included
+    steps_run: int = 0
+    runner: Any = field(default=None, repr=False)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.step_times) if self.step_times else float("inf")
+
+    def own_estimate(self, fallback: float) -> float:
+        """Seconds per step as seen so far: measured median, else the last warm-up step."""
+        if self.step_times:
+            return self.median
+        return self.warmup_times[-1] if self.warmup_times else fallback
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "ok" and bool(self.step_times)
+
+
+class _CandidateRun:
+    """A candidate's private model copy, optimizer, compiled step and stream position."""
+
+    def __init__(self, pristine: nn.Module, hp: HParams, strategy: Strategy,
+                 device: torch.device, first_batch: Batch) -> None:
+        self.model = copy.deepcopy(pristine).train()
+        if strategy.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        sparse = bool(sparse_gradient_modules(self.model))
+        optimizer = build_optimizer(self.model.parameters(), hp, fused=strategy.fused_optimizer,
+                                    sparse=sparse)
+        self.step = engine_step.compile_step(self.model, None, optimizer, strategy,
+                                             max_grad_norm=hp.max_grad_norm)
+        self.state = initial_state_for(self.model, first_batch, device)
+        self.position = 0
+
+
+class TrialRunner:
+    """Runs candidates over ``batches`` (already on ``device``), counting every timed step."""
+
+    def __init__(self, pristine: nn.Module, hp: HParams, batches: Sequence[Batch],
+                 device: torch.device, *, warmup: int = 2) -> None:
+        if not batches:
+            raise ValueError("trials need at least one batch")
+        self.pristine = pristine
+        self.hp = hp
+        self.batches = list(batches)
+        self.device = device
+        self.warmup = warmup
+        self.accum = max(1, hp.accum_steps)
+        self.step_calls = 0                  # every step run by this runner (the budget test counts these)
+
+    def prepare(self, trial: Trial) -> bool:
+        """Validate and build a candidate; False (with ``trial.status`` set) if it cannot run."""
+        try:
+            trial.strategy.validate(self.device)
+            validate_for_model(trial.strategy, self.pristine)
+            trial.runner = _CandidateRun(self.pristine, self.hp, trial.strategy, self.device,
+                                         self.batches[0])
+        except (StrategyError, NotImplementedError) as exc:
+            trial.status = f"unsupported: {exc}"
+            return False
+        trial.status = "ok"
+        return True
+
+    def _micro_batches(self, run: _CandidateRun) -> list[Batch]:
+        out = []
+        for _ in range(self.accum):
+            out.append(self.batches[run.position % len(self.batches)])
+            run.position += 1
+        return out
+
+    def step(self, trial: Trial) -> float:
+        """One timed optimizer step of ``trial``; returns its seconds (inf on failure)."""
+        run: _CandidateRun = trial.runner
+        micro = self._micro_batches(run)
+        self.step_calls += 1
+        try:
+            with applied_strategy(trial.strategy, self.device):
+                start = time.perf_counter()
+                result = run.step(micro, run.state)
+                loss = float(result.loss)        # host read: the step is complete when timed
+                seconds = time.perf_counter() - start
+        except Exception as exc:  # a candidate that crashes is reported, never chosen
+            trial.status = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            trial.runner = None
+            return float("inf")
+        run.state = result.state
+        fallback = getattr(run.step, "fallback_reason", None)
+        if fallback and trial.strategy.backend != "eager":   # it is eager in disguise: not a candidate
+            trial.status = f"fell back to eager: {fallback}"
+            trial.runner = None
+            return seconds
+        trial.losses.append(loss)
+        if trial.steps_run >= (self.warmup if trial.warmup is None else trial.warmup):
+            trial.step_times.append(seconds)
+        else:
+            trial.warmup_times.append(seconds)
+        trial.steps_run += 1
+        return seconds
+
+    def typical_step(self, trials: Sequence[Trial]) -> float:
+        """Median of the measured candidates' median step times (the cost model for admission)."""
+        medians = [t.median for t in trials if t.measured]
+        return statistics.median(medians) if medians else float("inf")
+
+    def run_candidates(self, pending: list[Trial], reference: Trial, steps: int, budget: Budget, *,
+                       reserve_steps: int = 0) -> list[Trial]:
+        """Admit candidates (in order) that fit the budget and time them interleaved with ``reference``.
+
+        The top candidate always gets one probe step while any budget is left
+        (a step cannot be interrupted: the cap may be passed by that one step).
+        Other admissions need room for one probe step priced at the typical measured
+        step (eager's, until candidates are measured) plus the compile cost,
+        on top of the remaining steps of the live candidates priced at their
+        own observed times (so a pathologically slow baseline does not starve
+        fast candidates, and a slow candidate does not overrun the budget).
+        Rounds stop early enough to leave ``reserve_steps`` of the fastest
+        step for the parity check.
+        Each round steps every live candidate once; ``reference`` joins while
+        it has fewer measured steps than the most-measured live candidate and
+        its step fits the budget after the live candidates' steps up to
+        MIN_MEASURED, so comparisons stay interleaved when affordable. The order rotates every round.
+        Candidates never admitted get ``status`` "skipped: ...".
+        """
+        target = self.warmup + steps
+        queue, live, done = list(pending), [], []
+        last_round, rounds = 0.0, 0
+        while True:
+            est = self.typical_step([reference] + live + done)
+            for cand in list(queue):                 # in priority order; a costly one does not block the rest
+                unfinished = sum((target - t.steps_run) * t.own_estimate(est) for t in live)
+                need = est + cand.compile_cost
+                first_probe = not live and not done and cand.compile_cost == 0 and budget.remaining() > 0
+                if need + unfinished > budget.remaining() and not first_probe:
+                    continue
+                queue.remove(cand)
+                (live if self.prepare(cand) else done).append(cand)
+            active = [t for t in live if t.status == "ok" and t.steps_run < target]
+            done += [t for t in live if t not in active]
+            live = active
+            # keep room for the parity check of the winner, priced at the fastest step seen
+            seen = [t.own_estimate(est) for t in live if t.step_times or t.warmup_times]
+            fastest = min(seen) if seen else 0.0
+            if not live or budget.remaining() - reserve_steps * fastest < last_round:
+                break
+            most = max(len(t.step_times) for t in live)
+            # candidates reaching MIN_MEASURED come first; the reference joins when that still fits
+            to_minimum = sum(max(1, self.warmup + MIN_MEASURED - t.steps_run) * t.own_estimate(est) for t in live)
+            joins = (reference.status == "ok" and len(reference.step_times) < max(most, 1)
+                     and len(reference.step_times) < steps
+                     and reference.own_estimate(est) + to_minimum <= budget.remaining() - reserve_steps * fastest)
+            members = ([reference] if joins else []) + live
+            shift = rounds % len(members)
+            members = members[shift:] + members[:shift]
+            rounds += 1
+            start = budget.elapsed()
+            for trial in members:
+                self.step(trial)
+            last_round = budget.elapsed() - start
+        for trial in queue:
+            trial.status = "skipped: does not fit the tuning budget"
+        for trial in live:
+            if len(trial.step_times) < MIN_MEASURED:
+                trial.status = f"incomplete: budget ended after {len(trial.step_times)} measured steps"
+        return done + live + queue
+
+    def release(self, trials: list[Trial]) -> None:
+        for trial in trials:
+            trial.runner = None

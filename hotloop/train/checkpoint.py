@@ -1,0 +1,199 @@
+"""Checkpoint files: atomic writes, safe loads, keep-last-K plus the best.
+
+A checkpoint is ONE file written with ``torch.save`` that holds only tensors
+and plain data (dicts, lists, numbers, strings); everything non-tensor that
+describes the run lives in a JSON string (``meta``). Loading uses
+``torch.load(weights_only=True)``, which never unpickles arbitrary objects.
+
+Writes are atomic: a temporary file in the same directory is written,
+flushed and fsynced, then renamed over the final name and the directory is
+fsynced; a process killed mid-write leaves the previous checkpoints intact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["CheckpointError", "CheckpointManager", "save_checkpoint", "load_checkpoint",
+           "encode_plain", "decode_plain", "FORMAT", "FORMAT_VERSION"]
+
+FORMAT = "hotloop-checkpoint"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^step-(\d{8,})\.ckpt$")
+_PAUSE_ENV = "HOTLOOP_TEST_CHECKPOINT_PAUSE"  # "STEP:SECONDS": sleep before the rename (tests)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, corrupt, unsafe or incompatible; names the file."""
+
+
+def encode_plain(obj: Any) -> Any:
+    """Make reader/RNG state loadable with ``weights_only=True`` (numpy -> tensors)."""
+    if isinstance(obj, np.ndarray):  # stored as raw bytes: any numeric dtype round-trips exactly
+        flat = np.ascontiguousarray(obj).reshape(-1)
+        return {"__ndarray__": torch.from_numpy(flat.view(np.uint8).copy()),
+                "dtype": flat.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: encode_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(encode_plain(v) for v in obj)
+    return obj
+
+
+def decode_plain(obj: Any) -> Any:
+    """Inverse of :func:`encode_plain`."""
+    if isinstance(obj, dict):
+        if "__ndarray__" in obj:
+            raw = obj["__ndarray__"].numpy().copy()
+            return raw.view(np.dtype(obj["dtype"])).reshape(obj["shape"])
+        return {k: decode_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(decode_plain(v) for v in obj)
+    return obj
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _test_pause(step: int) -> None:
+    spec = os.environ.get(_PAUSE_ENV, "")
+    if spec:
+        at, _, seconds = spec.partition(":")
+        if int(at) == step:
+            time.sleep(float(seconds or 60))
+
+
+def save_checkpoint(path: str | Path, meta: dict[str, Any], tensors: dict[str, Any]) -> Path:
+    """Atomically write ``meta`` (JSON-serialisable) and ``tensors`` (tensors/plain data) to ``path``."""
+    path = Path(path)
+    payload = {"format": FORMAT, "version": FORMAT_VERSION,
+               "meta": json.dumps(meta, sort_keys=True), **tensors}
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _test_pause(int(meta.get("step", -1)))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint safely; returns the payload with ``meta`` decoded to a dict.
+
+    Raises :class:`CheckpointError` (naming the file) for a missing, truncated,
+    corrupt, unsafe (non tensor/plain data) or foreign file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not a valid checkpoint"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+            reason = "it contains objects other than tensors and plain data; refusing to unpickle them"
+        raise CheckpointError(f"cannot load checkpoint {path}: {reason[:200]}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a hotloop checkpoint")
+    if payload.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {payload.get('version')}, "
+                              f"this hotloop reads version {FORMAT_VERSION}")
+    try:
+        payload["meta"] = json.loads(payload["meta"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} has unreadable metadata: {exc}") from None
+    return payload
+
+
+class CheckpointManager:
+    """``directory/step-XXXXXXXX.ckpt`` files: keeps the newest ``keep_last`` plus the best.
+
+    The best (lowest validation loss) is recorded in ``best.json``.
+    """
+
+    def __init__(self, directory: str | Path, keep_last: int = 3, *, writer: bool = True) -> None:
+        if keep_last < 1:
+            raise ValueError("keep_last must be >= 1")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.writer = writer
+        self.best_step: int | None = None
+        self.best_loss = float("inf")
+        best = self.directory / "best.json"
+        if best.is_file():
+            try:
+                info = json.loads(best.read_text())
+                self.best_step, self.best_loss = int(info["step"]), float(info["valid_loss"])
+            except (ValueError, KeyError, TypeError):
+                pass
+
+    def path_for(self, step: int) -> Path:
+        return self.directory / f"step-{step:08d}.ckpt"
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoint files, ascending (temporary files are ignored)."""
+        if not self.directory.is_dir():
+            return []
+        found = (_NAME.match(p.name) for p in self.directory.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def latest(self) -> Path | None:
+        steps = self.steps()
+        return self.path_for(steps[-1]) if steps else None
+
+    def best(self) -> Path | None:
+        if self.best_step is not None and self.path_for(self.best_step).is_file():
+            return self.path_for(self.best_step)
+        return None
+
+    def save(self, step: int, meta: dict[str, Any], tensors: dict[str, Any],
+             valid_loss: float | None = None) -> Path:
+        """Write the checkpoint for ``step``, update the best record, prune old files."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temporaries()
+        path = save_checkpoint(self.path_for(step), meta, tensors)
+        if valid_loss is not None and valid_loss < self.best_loss:
+            self.best_step, self.best_loss = step, float(valid_loss)
+            tmp = self.directory / f".tmp-best.json-{os.getpid()}"
+            tmp.write_text(json.dumps({"step": step, "file": path.name, "valid_loss": valid_loss}))
+            os.replace(tmp, self.directory / "best.json")
+        self.prune()
+        return path
+
+    def prune(self) -> None:
+        steps = self.steps()
+        keep = set(steps[-self.keep_last:])
+        if self.best_step is not None:
+            keep.add(self.best_step)
+        for step in steps:
+            if step not in keep:
+                self.path_for(step).unlink(missing_ok=True)
+
+    def _remove_stale_temporaries(self) -> None:
+        for p in self.directory.glob(".tmp-*"):
+            p.unlink(missing_ok=True)

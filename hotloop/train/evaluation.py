@@ -1,0 +1,90 @@
+"""Teacher-forced evaluation of a model over one reader (no optimizer needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..engine.step import autocast_context, detach_state
+from .feeding import to_device
+from .metrics import StatsAccumulator, summarize
+
+__all__ = ["evaluate_reader", "evaluate_checkpoint"]
+
+
+@torch.no_grad()
+def evaluate_reader(model: nn.Module, reader: Any, *, device: torch.device, precision: str = "fp32",
+                    initial_state: Any = None, max_batches: int = 0,
+                    reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None
+                    ) -> dict[str, float]:
+    """Loss, ppl, accuracy and seq_accuracy of ``model`` over one pass of ``reader``.
+
+    ``initial_state`` is the carried state for streamed problems (None otherwise);
+    ``max_batches`` > 0 limits the pass; ``reduce`` sums statistics over ranks.
+    One host sync at the end.
+    """
+    was_training = model.training
+    model.eval()
+    acc = StatsAccumulator()
+    state = initial_state
+    try:
+        with autocast_context(precision, device):
+            for i, batch in enumerate(reader):
+                if max_batches and i >= max_batches:
+                    break
+                out = model.loss(to_device(batch, device), state, with_accuracy=True)
+                state = detach_state(out.state)
+                acc.add(out.stats)
+    finally:
+        model.train(was_training)
+    return summarize(acc.read(reduce))
+
+
+def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("valid", "test"), *,
+                        device: str | torch.device = "cpu", data_dir: str | None = None,
+                        raw_dir: str | None = None, max_batches: int = 0
+                        ) -> dict[str, dict[str, float] | str]:
+    """Rebuild the run recorded in checkpoint ``path`` and evaluate each split.
+
+    Returns ``split -> metrics``, or ``split -> reason`` for a split the problem lacks.
+    """
+    from ..hparams import hparams_from_dict
+    from ..registry import models, problems
+    from .build import build_model
+    from .checkpoint import CheckpointError, load_checkpoint
+
+    path = Path(path)
+    payload = load_checkpoint(path)
+    meta = payload["meta"]
+    run = meta.get("run") or {}
+    if not run.get("problem") or not run.get("model") or "hparams" not in meta or "model" not in payload:
+        raise CheckpointError(f"checkpoint {path} does not record its problem/model/hparams; "
+                              f"it was not written by `hotloop train`")
+    hp = hparams_from_dict(meta["hparams"])
+    problem = problems.get(run["problem"])(data_dir=data_dir or run.get("data_dir"),
+                                           raw_dir=raw_dir or run.get("raw_dir"))
+    problem.prepare()
+    spec = problem.spec(hp)
+    device = torch.device(device)
+    model = build_model(models.get(run["model"]), hp, spec, device)
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"checkpoint {path} does not fit model {run['model']!r}: {detail}") from None
+    precision = (meta.get("strategy") or {}).get("precision", "fp32")
+    if precision == "fp16" and device.type != "cuda":
+        precision = "fp32"
+    results: dict[str, dict[str, float] | str] = {}
+    for split in splits:
+        try:
+            reader = problem.reader(split, hp, shuffle=False)
+        except (ValueError, FileNotFoundError, KeyError) as exc:
+            results[split] = f"not available ({exc})"
+            continue
+        state = model.initial_state(hp.batch_size, device) if spec.streamed else None
+        results[split] = evaluate_reader(model, reader, device=device, precision=precision,
+                                         initial_state=state, max_batches=max_batches)
+    return results

@@ -1,0 +1,455 @@
+"""The Trainer: runs the compiled whole step, evaluates, logs, checkpoints, resumes.
+
+The hot loop never reads a device value: step statistics are summed on the
+device and read every ``strategy.sync_every`` steps (the log cadence). See
+``docs/trainer_api.md`` for the constructor, ``fit()`` and ``evaluate()``.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..engine import Strategy, StrategyError, compile_step
+from ..engine.step import LossFn
+from ..hparams import HParams, hparams_to_dict
+from ..optim import build_optimizer, build_schedule
+from ..problems.base import Problem
+from .checkpoint import CheckpointError, CheckpointManager
+from .context import DistContext, LocalContext
+from .events import Callback, CallbackList, Event
+from .evaluation import evaluate_reader
+from .feeding import DataFeeder
+from .interrupt import SigintGuard
+from .loggers import default_loggers
+from .metrics import StatsAccumulator, summarize
+from .snapshot import restore_training_state, training_state
+
+__all__ = ["Trainer", "TrainerError", "FitResult", "resolve_strategy"]
+
+DATA_BOUND_FRACTION = 0.3
+
+
+class TrainerError(ValueError):
+    """A Trainer configuration that cannot run (e.g. no stopping criterion)."""
+
+
+@dataclass
+class FitResult:
+    steps: int
+    epochs: int                       # completed epochs
+    wall_time: float                  # seconds spent in this fit() call
+    stop_reason: str                  # "max_steps" | "max_epochs" | "max_time" | "stopped: ..."
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> last eval
+    last_checkpoint: str | None = None
+    best_checkpoint: str | None = None
+
+
+def resolve_strategy(strategy: Strategy | str, *, log: Callable[[str], None], **autotune_args: Any
+                     ) -> Strategy:
+    """``"auto"`` -> ``hotloop.tools.autotune.auto_strategy(...)`` (or ``Strategy()`` when that
+    module does not exist); ``"default"`` -> ``Strategy()``; a Strategy is returned as is."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    if strategy == "default":
+        return Strategy()
+    if strategy != "auto":
+        raise StrategyError(f"strategy must be a Strategy, 'auto' or 'default', got {strategy!r}")
+    try:
+        from ..tools.autotune import auto_strategy
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("hotloop.tools", "hotloop.tools.autotune"):
+            raise
+        log("auto strategy: hotloop.tools.autotune is not available; using the default Strategy()")
+        return Strategy()
+    if "log" in inspect.signature(auto_strategy).parameters:
+        autotune_args = {**autotune_args, "log": log}
+    chosen = auto_strategy(**autotune_args)
+    if not isinstance(chosen, Strategy):
+        raise StrategyError(f"auto_strategy returned {type(chosen).__name__}, not a Strategy")
+    return chosen
+
+
+class Trainer:
+    """Trains ``model`` on ``problem`` with ``hp``; see ``docs/trainer_api.md``.
+
+    ``max_steps`` / ``max_epochs`` replace ``hp.max_steps`` / ``hp.max_epochs``
+    (so LR schedules see them too); ``max_time`` is in seconds of this ``fit()``.
+    Evaluation runs every ``eval_every`` steps (0 = off), at each epoch end and
+    at the end of training; a checkpoint is written after each evaluation,
+    every ``checkpoint_every`` steps, at the end and on interrupt (when
+    ``output_dir`` is set).
+    """
+
+    def __init__(self, problem: Problem, model: nn.Module, hp: HParams, *,
+                 strategy: Strategy | str = "auto", device: str | torch.device = "cpu",
+                 output_dir: str | Path | None = None, max_steps: int | None = None,
+                 max_epochs: int | None = None, max_time: float | None = None,
+                 eval_every: int = 0, eval_splits: Sequence[str] = ("valid",),
+                 eval_batches: int = 0, log_every: int | None = None,
+                 checkpoint_every: int = 0, keep_last: int = 3,
+                 callbacks: Sequence[Callback] = (), loggers: Sequence[Callback] | None = None,
+                 dist: DistContext | None = None, loss_fn: LossFn | None = None,
+                 train_reader: Any = None, eval_readers: dict[str, Any] | None = None,
+                 run_info: dict[str, Any] | None = None) -> None:
+        overrides = {k: v for k, v in (("max_steps", max_steps), ("max_epochs", max_epochs))
+                     if v is not None}
+        self.hp = hp.replace(**overrides) if overrides else hp
+        self.max_time = max_time
+        if not (self.hp.max_steps or self.hp.max_epochs or max_time):
+            raise TrainerError("training has no end: set max_steps, max_epochs or max_time")
+        if self.hp.accum_steps < 1:
+            raise TrainerError(f"accum_steps must be >= 1, got {self.hp.accum_steps}")
+        self.problem = problem
+        self.spec = problem.spec(self.hp)
+        self.device = torch.device(device)
+        self.dist: DistContext = dist if dist is not None else LocalContext()
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.eval_every, self.eval_splits, self.eval_batches = eval_every, tuple(eval_splits), eval_batches
+        self.checkpoint_every = checkpoint_every
+        self.run_info = dict(run_info or {})
+        self.notices: list[str] = []
+        main_loggers = default_loggers(self.output_dir) if loggers is None else list(loggers)
+        self.callbacks = CallbackList(list(callbacks) + (main_loggers if self.dist.is_main else []))
+
+        if train_reader is None:  # streamed LM data is contiguous: let the problem decide (no shuffle)
+            train_reader = problem.reader("train", self.hp, shuffle=None if self.spec.streamed else True)
+        reader = train_reader
+        self.train_reader = self.dist.shard_reader(reader)
+        self._eval_readers: dict[str, tuple[Any, Any]] = {}
+        for split, r in (eval_readers or {}).items():
+            self._eval_readers[split] = (r, r.state_dict())
+        self.steps_per_epoch = self._steps_per_epoch()
+
+        self.model = model.to(self.device)
+        planned = self.hp.max_steps or self.hp.max_epochs * (self.steps_per_epoch or 0)
+        self.strategy = resolve_strategy(strategy, log=self.notify, model=self.model, problem=problem,
+                                         hp=self.hp, device=self.device, planned_steps=planned)
+        if log_every is not None:
+            self.strategy = self.strategy.replace(sync_every=log_every)
+        self.strategy.validate(self.device)
+        self._apply_threads()
+        self.log_every = self.strategy.sync_every
+
+        self.optimizer = build_optimizer(self.model.parameters(), self.hp,
+                                         fused=self.strategy.fused_optimizer)
+        self.schedule = build_schedule(self.hp, self.steps_per_epoch)
+        self.grad_scaler = None
+        if self.strategy.precision == "fp16" and self.device.type == "cuda":
+            self.grad_scaler = torch.amp.GradScaler("cuda")
+        self.train_model, self.optimizer, no_sync = self.dist.wrap(self.model, self.optimizer)
+        self.step_fn = compile_step(self.train_model, loss_fn, self.optimizer, self.strategy,
+                                    max_grad_norm=self.hp.max_grad_norm, grad_scaler=self.grad_scaler,
+                                    no_sync=no_sync)
+        if getattr(self.step_fn, "fallback_reason", None):
+            self.notify(f"strategy backend={self.strategy.backend} fell back to eager: "
+                        f"{self.step_fn.fallback_reason}")
+        self.feeder = DataFeeder(self.train_reader, self.device, self.strategy.prefetch)
+        self.checkpoints = (CheckpointManager(self.output_dir / "checkpoints", keep_last,
+                                              writer=self.dist.is_main)
+                            if self.output_dir is not None else None)
+
+        self.step = 0          # optimizer steps taken
+        self.epoch = 0         # current epoch (= completed epochs)
+        self.state: Any = None  # carried model state (streamed LM problems)
+        self.lr = self.hp.learning_rate
+        self.last_metrics: dict[str, dict[str, float]] = {}
+        self.last_checkpoint: Path | None = None
+        self._stop_message: str | None = None
+        self._interrupt_requested = False
+        self._in_step = False
+        self._last_eval_step = -1
+        self._last_ckpt_step = -1
+        self._warned_data_bound = False
+        self._window = StatsAccumulator()
+        self._window_steps = 0
+        self._window_start = time.perf_counter()
+        self._window_data_time = 0.0
+        self._fit_start = time.monotonic()
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def max_steps(self) -> int:
+        return self.hp.max_steps
+
+    @property
+    def host_syncs(self) -> int:
+        """Device->host reads of training statistics so far (one per log row)."""
+        return self._window.host_syncs
+
+    def notify(self, message: str) -> None:
+        """Record a notice and show it (console loggers print ``Event.INFO``)."""
+        self.notices.append(message)
+        if hasattr(self, "callbacks"):
+            self.callbacks.emit(Event.INFO, self, message=message)
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Stop after the current step (callbacks call this)."""
+        self._stop_message = reason
+
+    def _steps_per_epoch(self) -> int | None:
+        try:
+            batches = len(self.train_reader)
+        except TypeError:
+            return None
+        return max(1, math.ceil(batches / max(1, self.hp.accum_steps)))
+
+    def _apply_threads(self) -> None:
+        """Threads and device flags (cuDNN, TF32, oneDNN) from the strategy."""
+        try:
+            from ..engine.flags import apply_device_flags
+        except ImportError:
+            apply_device_flags = None
+        if apply_device_flags is not None:
+            for note in apply_device_flags(self.strategy, self.device).notes:
+                self.notify(f"strategy: {note}")
+            return
+        if self.strategy.intra_op_threads > 0:
+            torch.set_num_threads(self.strategy.intra_op_threads)
+        if self.strategy.inter_op_threads > 0 and torch.get_num_interop_threads() != self.strategy.inter_op_threads:
+            try:
+                torch.set_num_interop_threads(self.strategy.inter_op_threads)
+            except RuntimeError:
+                self.notify("strategy inter_op_threads ignored: torch's inter-op pool already started")
+
+    def _write_run_files(self) -> None:
+        if self.output_dir is None or not self.dist.is_main:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        run = {**self.run_info, "strategy": self.strategy.to_dict(), "device": str(self.device),
+               "torch": torch.__version__}
+        for name, data in (("hparams.json", hparams_to_dict(self.hp)), ("run.json", run)):
+            tmp = self.output_dir / f".tmp-{name}"
+            tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, self.output_dir / name)
+
+    # -------------------------------------------------------------- training
+    def fit(self, resume: bool | str | Path = False) -> FitResult:
+        """Train until a limit is reached; ``resume=True`` continues from the latest
+        checkpoint in ``output_dir`` (or from the given checkpoint path)."""
+        self._fit_start = time.monotonic()
+        position = self._resume(resume) if resume else None
+        if not resume:
+            from .snapshot import seed_everything
+            seed_everything(self.hp.seed)
+        self._write_run_files()
+        self.callbacks.emit(Event.FIT_START, self, resumed=bool(resume))
+        self._window_start, self._window_data_time = time.perf_counter(), self.feeder.data_time
+        try:
+            with SigintGuard(self._on_sigint):
+                reason = self._loop(position)
+                if reason == "interrupted":
+                    raise KeyboardInterrupt
+                self._finish(reason)
+        except KeyboardInterrupt:
+            self._on_interrupt()
+            raise
+        finally:
+            self.feeder.close()
+            self.model.train()
+        result = FitResult(self.step, self.epoch, time.monotonic() - self._fit_start, reason,
+                           dict(self.last_metrics),
+                           str(self.last_checkpoint) if self.last_checkpoint else None,
+                           str(self.checkpoints.best()) if self.checkpoints and self.checkpoints.best() else None)
+        self.callbacks.emit(Event.FIT_END, self, result=result)
+        return result
+
+    def _on_sigint(self) -> None:
+        self._interrupt_requested = True
+
+    def _loop(self, position: dict[str, Any] | None) -> str:
+        while True:
+            reason = self._stop_reason(epoch_boundary=True)
+            if reason:
+                return reason
+            self.feeder.start_epoch(self.epoch, position)
+            fresh_epoch = position is None
+            if fresh_epoch:
+                self.state = self._initial_state()
+                self.callbacks.emit(Event.EPOCH_START, self, epoch=self.epoch)
+            position = None
+            step_at_start = self.step
+            while True:
+                # an interrupt while a partial accumulation group is fetched leaves no consistent state
+                self._in_step = self.hp.accum_steps > 1
+                batches = self.feeder.next_step(self.hp.accum_steps)
+                if batches is None:
+                    self._in_step = False
+                    break
+                self._train_step(batches)
+                self._after_step()
+                reason = self._stop_reason()
+                if reason:
+                    return reason
+            if fresh_epoch and self.step == step_at_start:
+                raise TrainerError(f"the train reader yielded no batches in epoch {self.epoch}")
+            self._end_epoch()
+
+    def _initial_state(self) -> Any:
+        if not self.spec.streamed:
+            return None
+        # data parallel: each rank reads batch_size // world_size rows (hotloop.parallel.sharding)
+        return self.model.initial_state(self.hp.batch_size // self.dist.world_size, self.device)
+
+    def _stop_reason(self, epoch_boundary: bool = False) -> str | None:
+        if self._interrupt_requested:
+            return "interrupted"
+        if self._stop_message:
+            return f"stopped: {self._stop_message}"
+        if self.hp.max_steps and self.step >= self.hp.max_steps:
+            return "max_steps"
+        if epoch_boundary and self.hp.max_epochs and self.epoch >= self.hp.max_epochs:
+            return "max_epochs"
+        if self.max_time is not None and time.monotonic() - self._fit_start >= self.max_time:
+            return "max_time"
+        return None
+
+    def _train_step(self, batches: list) -> None:
+        self._in_step = True
+        self.lr = self.hp.learning_rate * self.schedule.multiplier(self.step, self.epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        result = self.step_fn(batches, self.state)
+        self.state = result.state if self.spec.streamed else None
+        self._window.add(result.stats)
+        extra = {"_loss_sum": result.loss}
+        if result.grad_norm is not None:
+            extra["_grad_norm_sum"] = result.grad_norm
+        self._window.add(extra)
+        self.step += 1
+        self._window_steps += 1
+        self._in_step = False
+
+    def _after_step(self) -> None:
+        self.callbacks.emit(Event.STEP_END, self, step=self.step)
+        if self.step % self.log_every == 0:
+            self._log()
+        evaluated = bool(self.eval_every) and self.step % self.eval_every == 0
+        if evaluated:
+            self._evaluate_all()
+        if evaluated or (self.checkpoint_every and self.step % self.checkpoint_every == 0):
+            self.save_checkpoint()
+
+    def _end_epoch(self) -> None:
+        self.feeder.finish_epoch()
+        self.epoch += 1
+        if self._last_eval_step != self.step:
+            self._evaluate_all()
+        if self._last_ckpt_step != self.step:
+            self.save_checkpoint()
+
+    def _finish(self, reason: str) -> None:
+        if self._window_steps:
+            self._log()
+        if not reason.startswith("stopped") and self._last_eval_step != self.step:
+            self._evaluate_all()
+        if self._last_ckpt_step != self.step:
+            self.save_checkpoint()
+
+    def _on_interrupt(self) -> None:
+        self.callbacks.emit(Event.INTERRUPT, self, step=self.step)
+        if self._in_step:
+            self.notify(f"interrupted inside step {self.step + 1}; no checkpoint written for it")
+            return
+        if self._last_ckpt_step != self.step and self.checkpoints is not None:
+            try:
+                self.save_checkpoint()
+            except Exception as exc:  # noqa: BLE001 - best effort while shutting down
+                self.notify(f"could not save a checkpoint on interrupt: {exc}")
+
+    # --------------------------------------------------------------- logging
+    def _log(self) -> None:
+        steps = self._window_steps
+        sums = self._window.read(self.dist.all_reduce_stats)  # the one host sync
+        now = time.perf_counter()
+        wall = max(now - self._window_start, 1e-9)
+        data_time = self.feeder.data_time - self._window_data_time
+        self._window_start, self._window_data_time, self._window_steps = now, self.feeder.data_time, 0
+        row: dict[str, Any] = {"step": self.step, "epoch": self.epoch}
+        metrics = summarize(sums)
+        row["loss"] = metrics.get("loss", sums.get("_loss_sum", math.nan) / max(steps, 1))
+        row["ppl"] = metrics.get("ppl", math.nan)
+        row["lr"] = self.lr
+        if "tokens" in sums:
+            row["tokens_per_s"] = sums["tokens"] / wall
+        if "examples" in sums:
+            row["examples_per_s"] = sums["examples"] / wall
+        row["data_fraction"] = min(1.0, data_time / wall)
+        if "_grad_norm_sum" in sums:
+            row["grad_norm"] = sums["_grad_norm_sum"] / max(steps, 1) / self.dist.world_size
+        row["time"] = time.monotonic() - self._fit_start
+        if row["data_fraction"] > DATA_BOUND_FRACTION and not self._warned_data_bound and self.step > steps:
+            self._warned_data_bound = True
+            self.notify(f"waiting for data {row['data_fraction']:.0%} of step time; add workers "
+                        f"(strategy num_workers) or raise strategy prefetch")
+        self.callbacks.emit(Event.LOG, self, row=row)
+
+    # ------------------------------------------------------------ evaluation
+    def _eval_reader(self, split: str) -> Any:
+        if split not in self._eval_readers:
+            reader = self.dist.shard_reader(self.problem.reader(split, self.hp, shuffle=False))
+            self._eval_readers[split] = (reader, reader.state_dict())
+        return self._eval_readers[split]
+
+    def evaluate(self, split: str = "valid", max_batches: int | None = None) -> dict[str, float]:
+        """Teacher-forced metrics on ``split``: loss, ppl, accuracy, seq_accuracy, tokens, examples."""
+        reader, start = self._eval_reader(split)
+        reader.load_state_dict(start)  # every evaluation sees the same batches
+        limit = self.eval_batches if max_batches is None else max_batches
+        return evaluate_reader(self.model, reader, device=self.device, precision=self.strategy.precision,
+                               initial_state=self._initial_state(), max_batches=limit,
+                               reduce=self.dist.all_reduce_stats)
+
+    def _evaluate_all(self) -> None:
+        for i, split in enumerate(self.eval_splits):
+            metrics = self.evaluate(split)
+            self.last_metrics[split] = metrics
+            if i == 0 and "loss" in metrics:
+                self.schedule.on_eval(metrics["loss"])
+            self.callbacks.emit(Event.EVAL_END, self, split=split, metrics=metrics)
+        self._last_eval_step = self.step
+
+    # ----------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path | None:
+        """Write a checkpoint of the complete training state (main rank; all ranks must call)."""
+        if self.checkpoints is None:
+            return None
+        at_eval = self._last_eval_step == self.step and self.eval_splits
+        valid_loss = self.last_metrics.get(self.eval_splits[0], {}).get("loss") if at_eval else None
+        meta, tensors = training_state(self, valid_loss)
+        path = None
+        if self.dist.is_main:
+            path = self.checkpoints.save(self.step, meta, tensors, valid_loss=valid_loss)
+            self.last_checkpoint = path
+            self.callbacks.emit(Event.CHECKPOINT, self, path=path)
+        self._last_ckpt_step = self.step
+        self.dist.barrier()
+        return path
+
+    def _resume(self, resume: bool | str | Path) -> dict[str, Any] | None:
+        if isinstance(resume, (str, Path)):
+            path = Path(resume)
+        else:
+            if self.checkpoints is None:
+                raise CheckpointError("resume needs an output_dir with checkpoints")
+            path = self.checkpoints.latest()
+            if path is None:
+                raise CheckpointError(f"no checkpoint to resume from in {self.checkpoints.directory}")
+        return self.load_checkpoint(path)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any] | None:
+        """Restore the full training state from ``path``; returns the reader position."""
+        position, differences = restore_training_state(self, Path(path))
+        self._last_ckpt_step = self.step
+        self.last_checkpoint = Path(path)
+        if differences:
+            self.notify(f"resuming {path} with changed hparams: {', '.join(differences)}")
+        return position

@@ -1,0 +1,106 @@
+"""Fused (multi-tensor) optimizer updates vs the per-tensor loop; ``hotloop explain``; inductor."""
+import os
+
+import pytest
+import torch
+
+from hotloop.engine import Strategy
+from hotloop.engine.cases import model_case
+from hotloop.engine.explain import main as explain_main
+from hotloop.engine.parity import ParityCase, check_parity
+from hotloop.hparams import HParams
+from hotloop.optim import build_optimizer, sparse_gradient_modules
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adamw"])
+def test_foreach_update_equals_per_tensor_loop_bitwise(name):
+    hp = HParams(optimizer=name, learning_rate=0.05, weight_decay=0.01)
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(7, 5)), torch.nn.Parameter(torch.randn(11))]
+        opt = build_optimizer(params, hp, fused=fused)
+        assert opt.param_groups[0]["foreach"] is fused
+        for step in range(4):
+            for p in params:
+                p.grad = torch.cos(p.detach() * (step + 1))
+            opt.step()
+        results.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_fused_optimizer_strategy_trains_bitwise_like_the_loop():
+    result = check_parity(model_case("mlp", "tiny", steps=3), Strategy(fused_optimizer=True))
+    assert result.ok and result.max_abs_diff == 0.0
+
+
+def test_sparse_gradient_detection():
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3, sparse=True), torch.nn.Linear(3, 2))
+    assert sparse_gradient_modules(model) == ["0"]
+    assert sparse_gradient_modules(torch.nn.Embedding(5, 3)) == []
+
+
+TINY = "batch_size=4,hidden_size=8,filter_size=32,num_layers=2,train_length=5"
+
+
+@pytest.mark.timeout(120)
+def test_explain_prints_strategy_passes_and_memory(capsys):
+    code = explain_main(["--problem", "algorithmic_reverse", "--model", "mlp", "--override", TINY,
+                         "--strategy-override", "backend=graph,graph_passes=true,inplace=true"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "backend = 'graph'   (override)" in out
+    assert "collapse_views: " in out and "t_pair=10" in out and "unbind_slices:" in out
+    assert "inplace_activations: 2 match(es) [relu_inplace=2" in out
+    assert "fallback: none" in out
+    assert "activations (peak live intermediates" in out
+
+
+@pytest.mark.timeout(120)
+def test_explain_reports_fallback_reason(capsys):
+    code = explain_main(["--problem", "algorithmic_reverse", "--model", "lstm_seq2seq",
+                         "--override", "batch_size=4,hidden_size=8,train_length=4",
+                         "--strategy-override", "backend=graph"])
+    out = capsys.readouterr().out
+    assert code == 0 and "fallback: unsupported op" in out and "mkldnn_rnn_layer" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--problem", "algorithmic_reverse", "--model", "transformer", "--strategy-override", "precision=fp16"],
+     "fp16 needs CUDA"),
+    (["--problem", "nope", "--model", "transformer"], "unknown problem"),
+    (["--problem", "algorithmic_reverse", "--model", "transformer", "--strategy-override", "bogus=1"],
+     "unknown strategy field"),
+])
+def test_explain_errors_are_one_line(capsys, argv, message):
+    assert explain_main(argv) != 0
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_inductor_falls_back_when_compile_fails(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def run(*a, **k):
+            raise RuntimeError("no backend here")
+        return run
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    result = check_parity(model_case("mlp", "tiny", steps=2), Strategy(backend="inductor"), steps=2)
+    assert result.ok and "torch.compile failed: RuntimeError: no backend here" in result.fallback_reason
+
+
+@pytest.mark.skipif(not os.environ.get("HOTLOOP_TEST_INDUCTOR"),
+                    reason="compiling with inductor takes ~1 min on 2 cores; set HOTLOOP_TEST_INDUCTOR=1")
+@pytest.mark.timeout(600)
+def test_inductor_backend_trains_like_eager():
+    result = check_parity(model_case("mlp", "tiny", steps=3), Strategy(backend="inductor"))
+    assert result.ok and result.fallback_reason is None, result
+
+
+@pytest.mark.timeout(120)
+def test_channels_last_conv_net_trains_like_eager():
+    build = model_case("conv_net", "tiny", steps=2)
+    for strategy in (Strategy(channels_last=True), Strategy(channels_last=True, backend="graph")):
+        result = check_parity(build, strategy, steps=2, tol=1e-5)   # oneDNN may pick other conv kernels
+        assert result.ok, result
+        assert any("channels_last" in line for line in result.report)
+        assert result.fallback_reason is None

@@ -1,0 +1,70 @@
+"""Launching with torch.distributed.run: a crashing rank fails the job fast, naming the rank.
+
+This file is also the worker script (``python test_dp_launch.py --worker ...``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _worker_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--crash-rank", type=int, default=-1)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    import torch
+    from hotloop.parallel import DistContext
+    from hotloop.parallel.launch import worker_entry
+
+    @worker_entry
+    def main() -> None:
+        ctx = DistContext.from_env()
+        Path(args.out, f"pid_{ctx.rank}").write_text(str(os.getpid()))
+        total = ctx.all_reduce_stats({"x": torch.tensor(1.0)})["x"]
+        assert float(total) == ctx.world_size
+        if ctx.rank == args.crash_rank:
+            raise RuntimeError(f"injected failure on rank {ctx.rank}")
+        for _ in range(3):
+            ctx.barrier()
+        time.sleep(120)  # the healthy rank must be torn down by the launcher, not time out
+
+    main()
+
+
+@pytest.fixture
+def worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.mark.timeout(60)
+def test_crashing_rank_fails_the_job_naming_the_rank(tmp_path: Path, worker_env: None) -> None:
+    from hotloop.parallel import WorkerFailedError
+    from hotloop.parallel.launch import launch
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        launch(2, [__file__, "--worker", "--crash-rank", "1", "--out", str(tmp_path)], module=False)
+    assert time.monotonic() - start < 45
+    root_cause = str(info.value).splitlines()[0]
+    assert "rank 1 (" in root_cause and "injected failure on rank 1" in root_cause, str(info.value)
+    assert 1 in info.value.ranks and info.value.exit_code != 0
+    survivor = int((tmp_path / "pid_0").read_text())
+    with pytest.raises(ProcessLookupError):  # the healthy rank was stopped, not orphaned
+        os.kill(survivor, 0)
+
+
+def test_strip_launch_flags() -> None:
+    from hotloop.parallel.launch import strip_launch_flags
+    argv = ["train", "--nproc", "2", "--problem", "x", "--max-restarts=3", "--steps", "5"]
+    assert strip_launch_flags(argv) == ["train", "--problem", "x", "--steps", "5"]
+
+
+if __name__ == "__main__" and "--worker" in sys.argv:
+    _worker_main([a for a in sys.argv[1:] if a != "--worker"])

@@ -1,0 +1,135 @@
+"""auto_strategy end to end on tiny models: budget, parity guard, cache, isolation, user models."""
+from __future__ import annotations
+
+import json
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from hotloop.engine import step as engine_step
+from hotloop.engine.step import StepResult
+from hotloop.engine.strategy import Strategy
+from hotloop.registry import models
+from hotloop.tools.autotune import auto_strategy, tune
+from hotloop.tools.proposals import Proposal
+from hotloop.tools.tune_cache import TuneCacheWarning
+
+pytestmark = pytest.mark.timeout(120)
+
+QUIET = dict(log=lambda line: None, max_trial_steps=3, num_batches=6)
+
+
+def test_auto_never_picks_a_candidate_slower_than_eager(tiny_model, copy_problem, tiny_hp):
+    report = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=8, cache=False, **QUIET)
+    by_label = {t.label: t for t in report.trials}
+    eager = by_label["eager"]
+    assert eager.measured
+    assert any(t.measured for t in report.trials if t is not eager)   # some proposal was actually timed
+    assert report.chosen in by_label
+    assert by_label[report.chosen].median <= eager.median
+    assert isinstance(report.strategy, Strategy)
+    report.strategy.validate("cpu")
+    assert "candidate" in report.table() and "eager" in report.table()
+
+
+def test_tiny_budget_bounds_the_number_of_trial_steps(tiny_model, copy_problem, tiny_hp):
+    nothing = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=0.0, cache=False, **QUIET)
+    assert nothing.step_calls == 1                               # one eager step, then the cap stops it
+    assert nothing.chosen == "eager"
+    assert all(t.status.startswith("skipped") for t in nothing.trials if t.label != "eager")
+    # a planned run of 40 steps at 5% leaves room for ~2 eager steps: calibration uses it up;
+    # at most one probe step of the top candidate may follow, nothing gets measured
+    short = tune(tiny_model, copy_problem, tiny_hp, "cpu", 40, max_seconds=20, cache=False, **QUIET)
+    others = [t for t in short.trials if t.label != "eager"]
+    assert not any(t.step_times for t in others) and sum(t.steps_run for t in others) <= 1
+    assert short.chosen == "eager"
+    assert short.step_calls <= 1 + 3 + 1                          # counting step + calibration + probe
+
+
+def test_parity_guard_rejects_a_candidate_that_changes_results(tiny_model, copy_problem, tiny_hp,
+                                                               monkeypatch):
+    real = engine_step.compile_step
+
+    def sabotaged(model, loss_fn, optimizer, strategy, **kwargs):
+        step = real(model, loss_fn, optimizer, strategy, **kwargs)
+        if strategy.sync_every != 7:
+            return step
+
+        def wrong(micro_batches, state=None):                  # fast: skips backward and update
+            with torch.no_grad():
+                out = model.loss(micro_batches[0], state)
+            return StepResult(out.loss * 1.01, out.stats, None, None)
+        return wrong
+
+    monkeypatch.setattr(engine_step, "compile_step", sabotaged)
+    bad = Proposal("wrong", {"sync_every": 7}, "test: deliberately wrong step", expected_gain=9.0)
+    report = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=8, cache=False,
+                  extra_proposals=[bad], **QUIET)
+    wrong = next(t for t in report.trials if t.label == "wrong")
+    assert wrong.measured and wrong.parity.startswith("REJECTED")
+    assert report.chosen != "wrong" and report.strategy.sync_every != 7
+    assert all(t.parity.startswith("REJECTED") for t in report.trials if t.strategy.sync_every == 7 and t.measured)
+
+
+def test_cache_hits_on_second_call_and_no_cache_bypasses(tiny_model, copy_problem, tiny_hp, private_cache):
+    first = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=1, **QUIET)
+    assert first.cache == "miss" and first.step_calls > 0
+    files = list(private_cache.glob("strategy_*.json"))
+    assert len(files) == 1 and (
+        json.loads(files[0].read_text())["strategy"] == json.loads(json.dumps(first.strategy.to_dict())))
+    second = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=1, **QUIET)
+    assert second.cache == "hit" and second.step_calls == 0 and second.strategy == first.strategy
+    assert second.rows()                                        # the cached table comes back too
+    bypass = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=1, cache=False, **QUIET)
+    assert bypass.cache == "disabled" and bypass.step_calls > 0
+    other = tune(tiny_model, copy_problem, tiny_hp.replace(batch_size=4), "cpu", None, max_seconds=1, **QUIET)
+    assert other.cache == "miss"                                 # another input shape is another key
+
+
+def test_corrupt_cache_file_is_ignored_with_a_warning(tiny_model, copy_problem, tiny_hp, private_cache):
+    first = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=1, **QUIET)
+    path = next(private_cache.glob("strategy_*.json"))
+    for garbage in ("{not json", json.dumps({"key": "x", "strategy": {}}),
+                    json.dumps({"key": json.loads(path.read_text())["key"], "strategy": {"precision": "fp8"}})):
+        path.write_text(garbage)
+        with pytest.warns(TuneCacheWarning, match="ignoring corrupt autotune cache"):
+            again = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=1, **QUIET)
+        assert again.cache == "miss" and again.step_calls > 0
+    with warnings.catch_warnings():                              # the re-tuned choice was rewritten
+        warnings.simplefilter("error", TuneCacheWarning)
+        hit = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=1, **QUIET)
+    assert hit.cache == "hit" and first.strategy.precision in ("fp32", "bf16")
+
+
+def test_tuning_leaves_weights_and_rng_untouched(tiny_model, copy_problem, tiny_hp):
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    torch.manual_seed(11)
+    random.seed(11)
+    np.random.seed(11)
+    expected = (torch.rand(4), random.random(), np.random.rand())
+    torch.manual_seed(11)
+    random.seed(11)
+    np.random.seed(11)
+    threads = torch.get_num_threads()
+    auto_strategy(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=3, cache=False,
+                  log=lambda line: None)
+    after = tiny_model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in tiny_model.parameters())
+    assert torch.equal(torch.rand(4), expected[0])
+    assert random.random() == expected[1] and np.random.rand() == expected[2]
+    assert torch.get_num_threads() == threads
+
+
+def test_registered_model_gets_the_same_treatment(copy_problem):
+    from hotloop import get_hparams
+    hp = get_hparams("transformer_algorithmic", "hidden_size=16,filter_size=32,num_layers=1,"
+                     "batch_size=8,num_heads=2")
+    model = models.get("transformer")(hp, copy_problem.spec(hp))
+    report = tune(model, copy_problem, hp, "cpu", None, max_seconds=3, cache=False, **QUIET)
+    assert report.facts is not None and report.facts.layers["attention"] >= 1
+    assert report.facts.flop_share["matmul"] > 0.5
+    assert any(t.label == "fused_optimizer" for t in report.trials)

@@ -1,0 +1,160 @@
+"""The proposal rules on synthetic and real model structures."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hotloop.tools.hardware import HardwareInfo
+from hotloop.tools.model_facts import ModelFacts, analyze_model, count_layers
+from hotloop.tools.proposals import ReaderFacts, combine, propose
+
+CPU_BF16 = HardwareInfo("cpu", 2, "test cpu", ("avx512_bf16",))
+CPU_PLAIN = HardwareInfo("cpu", 1, "old cpu", ())
+AMPERE = HardwareInfo("cuda", 8, "host", (), "A100", (8, 0))
+
+
+def facts(share: dict, *, ops: int = 100, flops: float = 1e10, sparse: int = 0, conv2d: bool = False
+          ) -> ModelFacts:
+    return ModelFacts("m.M", 1000, {"linear": 1}, sparse, conv2d, flops, ops, share)
+
+
+def labels(proposals) -> set[str]:
+    return {p.label for p in proposals}
+
+
+def test_conv_heavy_proposes_channels_last_and_cudnn_benchmark_on_cuda():
+    conv = facts({"conv": 0.8, "matmul": 0.1, "other": 0.1}, conv2d=True)
+    assert "channels_last" in labels(propose(conv, CPU_PLAIN))
+    assert "cudnn_benchmark" not in labels(propose(conv, CPU_PLAIN))
+    on_gpu = propose(conv, AMPERE)
+    assert {"channels_last", "cudnn_benchmark"} <= labels(on_gpu)
+    rule = next(p.rule for p in on_gpu if p.label == "channels_last")
+    assert "conv-heavy" in rule
+
+
+def test_matmul_heavy_proposes_bf16_only_on_fast_bf16_hardware():
+    mm = facts({"matmul": 0.9, "other": 0.1})
+    bf16 = next(p for p in propose(mm, CPU_BF16) if p.label == "bf16")
+    assert bf16.changes == {"precision": "bf16"} and "avx512_bf16" in bf16.rule
+    assert "bf16" not in labels(propose(mm, CPU_PLAIN))
+    assert {"bf16", "tf32"} <= labels(propose(mm, AMPERE))
+
+
+def test_sparse_embeddings_block_the_fused_optimizer():
+    assert "fused_optimizer" in labels(propose(facts({"matmul": 1.0}), CPU_PLAIN))
+    assert "fused_optimizer" not in labels(propose(facts({"matmul": 1.0}, sparse=1), CPU_PLAIN))
+
+
+def test_many_small_ops_propose_fewer_threads_only_with_several_cores():
+    small = facts({"matmul": 1.0}, ops=2000, flops=2e8)       # 0.1 MFLOP per op
+    big = facts({"matmul": 1.0}, ops=50, flops=5e10)
+    threads = next(p for p in propose(small, CPU_BF16) if p.label == "threads=1")
+    assert threads.changes["intra_op_threads"] == 1 and "small ops" in threads.rule
+    assert "threads=1" not in labels(propose(big, CPU_BF16))
+    assert "threads=1" not in labels(propose(small, CPU_PLAIN))   # one core: nothing to reduce
+
+
+def test_capture_backends_are_proposed_only_when_the_engine_declares_them():
+    small = facts({"matmul": 1.0}, ops=2000, flops=2e8)
+    assert not any(p.label.startswith("backend=") for p in propose(small, CPU_BF16))
+    declared = propose(small, CPU_BF16, available_backends=("graph",))
+    assert "backend=graph" in labels(declared) and "backend=inductor" not in labels(declared)
+
+
+def test_data_bound_reader_proposes_workers_and_prefetch_untimed():
+    mm = facts({"matmul": 1.0})
+    slow = propose(mm, CPU_BF16, ReaderFacts(seconds_per_batch=0.015, step_seconds=0.02))
+    workers = next(p for p in slow if p.label == "more workers")
+    assert not workers.timed and workers.changes["num_workers"] >= 1
+    assert workers.changes["prefetch"] >= 2 and "data-bound" in workers.rule
+    mild = propose(mm, CPU_BF16, ReaderFacts(seconds_per_batch=0.002, step_seconds=0.02))
+    assert "prefetch" in labels(mild) and "more workers" not in labels(mild)
+    fast = propose(mm, CPU_BF16, ReaderFacts(seconds_per_batch=1e-5, step_seconds=0.02))
+    assert not {"prefetch", "more workers"} & labels(fast)
+
+
+def test_combine_merges_timed_changes_and_skips_conflicts():
+    mm = facts({"matmul": 0.9, "other": 0.1}, ops=2000, flops=2e8)
+    proposals = propose(mm, CPU_BF16, ReaderFacts(0.015, 0.02))
+    merged = combine(proposals)
+    assert merged is not None
+    assert merged.changes["precision"] == "bf16" and merged.changes["fused_optimizer"] is True
+    assert "num_workers" not in merged.changes              # untimed pipeline knobs stay out
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.conv2(torch.relu(self.conv1(x))))   # [B, 16, H, W]
+        return self.head(y.mean(dim=(2, 3)))                    # [B, 4]
+
+
+class _Out:
+    def __init__(self, loss):
+        self.loss = loss
+
+
+def test_measured_structures_drive_the_rules():
+    torch.manual_seed(0)
+    net = ConvNet()
+    layers, sparse, conv2d = count_layers(net)
+    assert layers["conv"] == 2 and layers["linear"] == 1 and conv2d and sparse == 0
+    batch = {"inputs": torch.randn(4, 3, 16, 16), "targets": torch.randint(0, 4, (4,))}
+    conv_facts = analyze_model(net, batch, loss_fn=lambda m, b, s: _Out(
+        nn.functional.cross_entropy(m(b["inputs"]), b["targets"])))
+    assert conv_facts.flop_share["conv"] > 0.9 and conv_facts.ops_per_step > 0
+    assert "channels_last" in labels(propose(conv_facts, CPU_BF16))
+    assert all(p.grad is None for p in net.parameters())      # measured on a copy
+
+    mlp = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 8))
+    emb = nn.Embedding(10, 256, sparse=True)
+    _, sparse, _ = count_layers(nn.ModuleList([mlp, emb]))
+    assert sparse == 1
+    mm_facts = analyze_model(mlp, {"inputs": torch.randn(64, 256), "targets": torch.randint(0, 8, (64,))},
+                             loss_fn=lambda m, b, s: _Out(nn.functional.cross_entropy(m(b["inputs"]), b["targets"])))
+    assert mm_facts.flop_share["matmul"] > 0.9
+    assert "bf16" in labels(propose(mm_facts, CPU_BF16))
+
+
+def test_candidate_order_times_the_combination_then_leave_one_out_then_singles():
+    from hotloop.tools.proposals import candidate_order
+    small_mm = facts({"matmul": 0.9, "other": 0.1}, ops=2000, flops=2e8)
+    timed = [p for p in propose(small_mm, CPU_BF16) if p.timed]
+    order = candidate_order(timed)
+    assert order[0].label == "all proposals"
+    loo = [p for p in order if p.label.startswith("all but ")]
+    assert len(loo) == len(timed)
+    for p in loo:
+        dropped = p.label.removeprefix("all but ")
+        dropped_keys = next(q.changes for q in timed if q.label == dropped)
+        assert not all(p.changes.get(k) == v for k, v in dropped_keys.items())
+    assert [p.label for p in order[-len(timed):]] == [p.label for p in timed]
+
+
+def test_shared_cores_propose_fewer_threads_even_for_big_ops():
+    big = facts({"matmul": 1.0}, ops=50, flops=5e10)
+    busy = next(p for p in propose(big, CPU_BF16, load=5.0) if p.label.startswith("threads="))
+    assert busy.changes["intra_op_threads"] == 1 and "shared cores" in busy.rule
+    assert not any(p.label.startswith("threads=") for p in propose(big, CPU_BF16, load=1.0))
+
+
+def test_conv_heavy_on_fast_bf16_hardware_also_proposes_bf16():
+    conv = facts({"conv": 0.9, "other": 0.1}, conv2d=True)
+    bf16 = next(p for p in propose(conv, CPU_BF16) if p.label == "bf16")
+    assert "conv-heavy" in bf16.rule
+    assert "bf16" not in labels(propose(conv, CPU_PLAIN))
+
+
+def test_parity_tolerance_is_bitwise_unless_threads_or_precision_change():
+    from hotloop.engine.parity import REFERENCE
+    from hotloop.engine.strategy import Strategy
+    from hotloop.tools.autotune import THREADS_TOL, parity_tolerance
+    cpu = torch.device("cpu")
+    assert parity_tolerance(REFERENCE.replace(fused_optimizer=True), REFERENCE, cpu) == 0.0
+    assert parity_tolerance(REFERENCE.replace(intra_op_threads=1), REFERENCE, cpu) == THREADS_TOL
+    assert parity_tolerance(Strategy(precision="bf16"), REFERENCE, cpu) == 3e-2

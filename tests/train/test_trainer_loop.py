@@ -1,0 +1,214 @@
+"""Trainer loop: stopping criteria, accumulation, log cadence, precision, callbacks, notices."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from conftest import ListReader, make_trainer, params_of, tiny_hp
+from hotloop.engine import Strategy, StrategyError
+from hotloop.problems.algorithmic import Reverse
+from hotloop.train import Callback, EarlyStopping, Event, TrainerError
+from hotloop.train.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_max_steps_stops_exactly(out):
+    result = make_trainer(out, max_steps=5).fit()
+    assert (result.steps, result.stop_reason) == (5, "max_steps")
+    assert result.metrics["valid"]["loss"] > 0  # final evaluation ran
+
+
+def test_max_epochs_counts_reader_batches(out):
+    trainer = make_trainer(out, max_steps=0, max_epochs=2)
+    result = trainer.fit()
+    assert result.stop_reason == "max_epochs"
+    assert result.epochs == 2
+    assert result.steps == 2 * trainer.steps_per_epoch == 2 * 8  # 64 examples / batch 8
+
+
+def test_max_time_stops_a_long_run(out):
+    result = make_trainer(None, max_steps=10**7, max_time=0.5).fit()
+    assert result.stop_reason == "max_time"
+    assert 0 < result.steps < 10**7
+
+
+def test_no_stopping_criterion_is_rejected():
+    with pytest.raises(TrainerError, match="no end"):
+        make_trainer(None, max_steps=0)
+
+
+def test_log_rows_every_sync_every_steps_and_one_host_sync_each(out):
+    trainer = make_trainer(out, max_steps=9, log_every=3)
+    trainer.fit()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == [3, 6, 9]
+    assert trainer.host_syncs == len(train)  # statistics are read once per row, never per step
+    for key in ("step", "epoch", "loss", "ppl", "lr", "tokens_per_s", "examples_per_s", "data_fraction"):
+        assert key in train[0]
+    assert math.isclose(train[0]["ppl"], math.exp(train[0]["loss"]), rel_tol=1e-9)
+    valid = [r for r in rows if r["split"] == "valid"]
+    assert valid and {"loss", "accuracy", "seq_accuracy"} <= set(valid[-1])
+
+
+def _fixed_length_batches(n: int, batch: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    hp = tiny_hp(f"batch_size={batch},min_length=6")  # every example has 6 symbols: equal token counts
+    reader = Reverse().reader("train", hp)
+    return [b for _, b in zip(range(n), reader)]
+
+
+def test_accumulation_matches_the_big_batch_step():
+    big = _fixed_length_batches(4, 16)
+    halves = [{k: v[i * 8:(i + 1) * 8] for k, v in b.items()} for b in big for i in range(2)]
+    # SGD: Adam would amplify fp32 rounding of near-zero gradients (g / sqrt(v)) into large updates
+    hp = tiny_hp("min_length=6,lr_schedule=constant,warmup_steps=0,optimizer=sgd,learning_rate=0.5")
+    a = make_trainer(None, hp, max_steps=4, train_reader=ListReader(big), eval_splits=())
+    b = make_trainer(None, hp.replace(accum_steps=2, batch_size=8), max_steps=4,
+                     train_reader=ListReader(halves), eval_splits=())
+    assert all(torch.equal(x, y) for x, y in zip(params_of(a).values(), params_of(b).values()))
+    a.fit()
+    b.fit()
+    pa, pb = params_of(a), params_of(b)
+    moved = max((pa[k] - v).abs().max().item() for k, v in params_of(make_trainer(None, hp, max_steps=1)).items())
+    assert moved > 1e-3  # training changed the weights
+    for key in pa:
+        torch.testing.assert_close(pa[key], pb[key], rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_autocast_trains_on_cpu():
+    trainer = make_trainer(None, max_steps=4, strategy=Strategy(prefetch=0, precision="bf16"))
+    before = params_of(trainer)
+    result = trainer.fit()
+    assert math.isfinite(result.metrics["valid"]["loss"])
+    assert any(not torch.equal(before[k], v) for k, v in params_of(trainer).items())
+    assert all(v.dtype == torch.float32 for v in params_of(trainer).values())  # master weights stay fp32
+
+
+def test_fp16_on_cpu_is_rejected():
+    with pytest.raises(StrategyError, match="fp16 needs CUDA"):
+        make_trainer(None, strategy=Strategy(precision="fp16"))
+
+
+class Recorder(Callback):
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.steps_seen = 0
+
+    def on_event(self, event, trainer, **info):
+        self.events.append(event)
+        if event is Event.STEP_END:
+            self.steps_seen += 1
+
+    def state_dict(self):
+        return {"steps_seen": self.steps_seen}
+
+    def load_state_dict(self, state):
+        self.steps_seen = state["steps_seen"]
+
+
+def test_callbacks_fire_and_their_state_is_checkpointed(out):
+    rec = Recorder()
+    result = make_trainer(out, max_steps=0, max_epochs=1, eval_every=4, log_every=4, callbacks=[rec]).fit()
+    ev = rec.events
+    assert ev[0] is Event.FIT_START and ev[-1] is Event.FIT_END
+    assert ev.count(Event.EPOCH_START) == 1 and ev.count(Event.STEP_END) == 8
+    assert ev.count(Event.LOG) == 2 and ev.count(Event.EVAL_END) == 2 and ev.count(Event.CHECKPOINT) == 2
+    meta = load_checkpoint(result.last_checkpoint)["meta"]
+    assert meta["callbacks"]["Recorder"] == {"steps_seen": 8}
+    fresh = Recorder()
+    make_trainer(out, max_steps=0, max_epochs=1, callbacks=[fresh]).load_checkpoint(result.last_checkpoint)
+    assert fresh.steps_seen == 8
+
+
+def test_early_stopping_requests_a_stop_and_keeps_state(out):
+    stopper = EarlyStopping(monitor="loss", patience=2, min_delta=10.0)  # nothing improves by 10
+    result = make_trainer(out, max_steps=100, eval_every=2, callbacks=[stopper]).fit()
+    assert result.stop_reason.startswith("stopped: early stopping")
+    assert result.steps == 6  # first eval sets the best, the next two do not improve
+    assert load_checkpoint(result.last_checkpoint)["meta"]["callbacks"]["EarlyStopping"]["bad_evals"] == 2
+
+
+class SigintAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_event(self, event, trainer, **info):
+        if event is Event.STEP_END and trainer.step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_raises(out):
+    trainer = make_trainer(out, max_steps=10, callbacks=[SigintAt(3)])
+    handler_before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    assert trainer.step == 3
+    assert trainer.last_checkpoint is not None and trainer.last_checkpoint.name == "step-00000003.ckpt"
+    assert load_checkpoint(trainer.last_checkpoint)["meta"]["step"] == 3
+    assert signal.getsignal(signal.SIGINT) is handler_before  # handler restored
+    resumed = make_trainer(out, max_steps=10).fit(resume=True)
+    assert resumed.steps == 10
+
+
+def test_data_bound_run_warns_once(out):
+    trainer = make_trainer(None, max_steps=16, log_every=4, eval_splits=())
+    ticks = iter(range(0, 10**9, 3600))  # every next() appears to wait an hour: data-bound
+    trainer.feeder.clock = lambda: float(next(ticks))
+    trainer.fit()
+    warnings = [n for n in trainer.notices if "waiting for data" in n]
+    assert len(warnings) == 1 and "num_workers" in warnings[0]
+
+
+def test_compute_bound_run_does_not_warn(out):
+    trainer = make_trainer(None, max_steps=8, log_every=4, eval_splits=())
+    trainer.feeder.clock = lambda: 0.0  # data never waits
+    trainer.fit()
+    assert not [n for n in trainer.notices if "waiting for data" in n]
+
+
+def test_auto_strategy_falls_back_or_uses_autotune(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_autotune(name, *args, **kwargs):
+        if name.endswith("tools.autotune") or (args and args[2] and "autotune" in args[2] and "tools" in name):
+            raise ModuleNotFoundError("No module named 'hotloop.tools.autotune'", name="hotloop.tools.autotune")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_autotune)
+    from hotloop.train.trainer import resolve_strategy
+    notes: list[str] = []
+    assert resolve_strategy("auto", log=notes.append) == Strategy()
+    assert notes and "not available" in notes[0]
+
+
+def test_auto_strategy_calls_autotune_with_the_run(monkeypatch):
+    import sys
+    import types
+    calls = {}
+
+    def auto_strategy(model, problem, hp, device, planned_steps, log=print):
+        calls.update(model=model, hp=hp, device=device, planned_steps=planned_steps)
+        log("tuned")
+        return Strategy(prefetch=0, sync_every=7)
+
+    fake = types.ModuleType("hotloop.tools.autotune")
+    fake.auto_strategy = auto_strategy
+    monkeypatch.setitem(sys.modules, "hotloop.tools.autotune", fake)
+    trainer = make_trainer(None, max_steps=0, max_epochs=3, strategy=None)
+    assert trainer.strategy.sync_every == 7 and trainer.log_every == 7
+    assert calls["model"] is trainer.model and calls["planned_steps"] == 3 * 8
+    assert "tuned" in trainer.notices
+
+
+def test_empty_reader_and_bad_accumulation_are_errors():
+    with pytest.raises(TrainerError, match="no batches"):
+        make_trainer(None, max_steps=5, train_reader=ListReader([])).fit()
+    with pytest.raises(TrainerError, match="accum_steps"):
+        make_trainer(None, tiny_hp("accum_steps=0"))
