@@ -152,10 +152,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     _check_output_dir(out, args.resume)
     dist = parallel.worker_context(strategy, args.strategy_override) if parallel is not None else None
     try:
-        return _train(args, problem_cls, model_cls, hparams_name, hp, strategy, out, dist, parallel)
-    finally:
-        if dist is not None and hasattr(dist, "close"):
-            dist.close()
+        code = _train(args, problem_cls, model_cls, hparams_name, hp, strategy, out, dist, parallel)
+    except BaseException:
+        if dist is not None:
+            dist.close(failed=True)
+        raise
+    if dist is not None:
+        dist.close()
+    return code
 
 
 def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,

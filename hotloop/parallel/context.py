@@ -127,10 +127,16 @@ class DistContext:
             return optimizer.consolidated_state_dict()
         return optimizer.state_dict()
 
-    def close(self) -> None:
-        """Leave the process group (call once at the end of the job)."""
+    def close(self, failed: bool = False) -> None:
+        """Leave the process group (call once at the end of the job).
+
+        After a clean run every rank waits for the others first; after a failure
+        (``failed=True``) it leaves at once, since peers may be inside a collective.
+        """
         if self.routed is not None:
             self.routed.unpatch()
             self.routed = None
         if dist.is_initialized():
+            if not failed:
+                dist.barrier()  # no rank tears the group (or rank 0's store) down under a peer still using it
             dist.destroy_process_group()

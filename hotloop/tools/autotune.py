@@ -232,8 +232,13 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         if not baseline.measured:
             report.notes.append("the budget ended before eager was measured: eager kept")
         report.tune_seconds = time.perf_counter() - started
-        if cache:
+        # A choice made without measuring eager, or with candidates skipped for lack of
+        # budget (a busy machine), is used for this run only: caching it would pin it.
+        decisive = baseline.measured and not skipped
+        if cache and decisive:
             save_choice(key, strategy, report.rows())
+        elif cache:
+            report.notes.append("choice not cached: the budget ran out before every candidate was timed")
     log(report.summary())
     return report
 

@@ -133,6 +133,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     if rank == 0:
         results["state_bytes_per_rank"] = {k: [g[k] for g in gathered] for k in gathered[0]}
         torch.save(results, Path(out_dir) / "results.pt")
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
