@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"batch={args.batch_size}, {args.batches} batches x {args.rounds} rounds (median)")
     print(f"CPU per batch: data {calib['data_cpu_s_per_batch'] * 1e3:.1f} ms, "
           f"step {calib['step_cpu_s_per_batch'] * 1e3:.1f} ms")
-    print(f"1-min load average {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} CPUs "
-          "(above the CPU count, no core is idle for the workers)")
+    busy = max(load) > (os.cpu_count() or 1)
+    print(f"1-min load average {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} CPUs"
+          + (" (above the CPU count: no core is idle for the workers)" if busy else ""))
     print(f"{'contender':34s} {'samples/s':>10s} {'min':>7s} {'max':>7s} {'vs speed test':>13s} "
           f"{'main CPU ms/batch':>18s}")
     for row in rows:
