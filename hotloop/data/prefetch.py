@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import torch
 
 from .errors import ReaderError
+from .wrapper import ReaderWrapper
 
 __all__ = ["prefetch", "Prefetcher", "SyncFeeder", "FeedStats", "to_device"]
 
@@ -245,7 +246,7 @@ class Prefetcher:
         self.reader.set_epoch(epoch)
 
 
-class SyncFeeder:
+class SyncFeeder(ReaderWrapper):
     """``capacity=0``: the same interface without a thread (device copy in the step's thread)."""
 
     def __init__(self, reader: Any, device: Any = None) -> None:
@@ -274,25 +275,6 @@ class SyncFeeder:
             self._stats.total_wait_s += waited
             yield batch
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.reader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.reader.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.reader.set_epoch(epoch)
-
-    def close(self) -> None:
-        close = getattr(self.reader, "close", None)
-        if close is not None:
-            close()
-
-    def __enter__(self) -> "SyncFeeder":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def prefetch(reader: Any, capacity: int = 2, device: Any = None, double_buffer: bool = True,

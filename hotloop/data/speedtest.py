@@ -13,13 +13,14 @@ from typing import Any, Iterator
 import torch
 
 from .prefetch import FeedStats, to_device
+from .wrapper import ReaderWrapper
 
 __all__ = ["speed_test", "SpeedTestFeeder"]
 
 log = logging.getLogger("hotloop.data")
 
 
-class SpeedTestFeeder:
+class SpeedTestFeeder(ReaderWrapper):
     """Cycles ``n_prepared`` batches; an epoch has ``num_batches`` (default ``len(reader)``) of them."""
 
     def __init__(self, reader: Any, n_prepared: int = 8, num_batches: int | None = None,
@@ -71,25 +72,6 @@ class SpeedTestFeeder:
             self._stats.batches += 1
             yield prepared[index % len(prepared)]
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.reader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.reader.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.reader.set_epoch(epoch)
-
-    def close(self) -> None:
-        close = getattr(self.reader, "close", None)
-        if close is not None:
-            close()
-
-    def __enter__(self) -> "SpeedTestFeeder":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def speed_test(reader: Any, n_prepared: int = 8, num_batches: int | None = None,

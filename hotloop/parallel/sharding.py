@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from torch import Tensor
 
 from .errors import ShardingError
+from ..data.wrapper import ReaderWrapper
 
 __all__ = ["ShardedReader", "shard_rows", "batch_rows"]
 
@@ -65,7 +66,7 @@ def shard_rows(batch: Any, rank: int, world_size: int) -> Any | None:
     return {k: cut(v) for k, v in batch.items()}
 
 
-class ShardedReader:
+class ShardedReader(ReaderWrapper):
     """Wrap a resumable reader; yield this rank's rows of each batch.
 
     ``state_dict`` / ``load_state_dict`` / ``set_epoch`` / ``len`` are the
@@ -96,19 +97,6 @@ class ShardedReader:
     def __len__(self) -> int:
         return len(self.reader)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.reader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.reader.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.reader.set_epoch(epoch)
-
-    def close(self) -> None:
-        close = getattr(self.reader, "close", None)
-        if close is not None:
-            close()
 
     def __getattr__(self, name: str) -> Any:
         if name == "reader":  # not yet set (during unpickling)
