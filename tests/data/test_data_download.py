@@ -1,10 +1,7 @@
 """Verified downloads from a local HTTP server (never the internet) and the default directories."""
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
-import threading
 from pathlib import Path
 
 import pytest
@@ -13,24 +10,11 @@ from hotloop.data import ChecksumError, DataError, default_data_dir, default_raw
 from hotloop.problems.ptb import PTBLanguageModel
 
 
-@pytest.fixture
-def server(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(5)
 
 
 @pytest.mark.timeout(20)
-def test_download_verifies_and_skips_when_present(server, tmp_path):
-    root, url = server
+def test_download_verifies_and_skips_when_present(http_dir, tmp_path):
+    root, url = http_dir
     payload = b"hello data\n" * 1000
     (root / "f.bin").write_bytes(payload)
     sha = hashlib.sha256(payload).hexdigest()
@@ -41,8 +25,8 @@ def test_download_verifies_and_skips_when_present(server, tmp_path):
 
 
 @pytest.mark.timeout(20)
-def test_download_mismatch_and_missing_are_clear(server, tmp_path):
-    root, url = server
+def test_download_mismatch_and_missing_are_clear(http_dir, tmp_path):
+    root, url = http_dir
     (root / "f.bin").write_bytes(b"tampered")
     with pytest.raises(ChecksumError, match=r"f\.bin.*sha256"):
         download(url + "f.bin", tmp_path / "f.bin", expected="0" * 64)

@@ -1,11 +1,8 @@
 """Multi30k de->en: datagen, sizes, subword ids, bucketed batches, resume, checksums, download."""
 from __future__ import annotations
 
-import functools
 import gzip
-import http.server
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -29,19 +26,6 @@ def m30k(tmp_path_factory) -> Multi30kDeEn:
     return problem
 
 
-@pytest.fixture
-def http_dir(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
 
 
 def _hp(**kw):

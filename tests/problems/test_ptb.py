@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import collections
-import functools
-import http.server
 import shutil
 import tarfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,20 +26,6 @@ def ptb(tmp_path_factory) -> PTBLanguageModel:
     return problem
 
 
-@pytest.fixture
-def http_dir(tmp_path):
-    """Serve ``tmp_path/www`` on 127.0.0.1 (no internet)."""
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
 
 
 def test_registered_and_spec():

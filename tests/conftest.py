@@ -1,0 +1,24 @@
+"""Fixtures shared across test areas."""
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+
+import pytest
+
+
+@pytest.fixture
+def http_dir(tmp_path):
+    """Serve ``tmp_path/www`` on 127.0.0.1 (never the internet); yields ``(root, base_url)``."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
