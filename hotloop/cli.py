@@ -23,9 +23,6 @@ EXTERNAL_COMMANDS: dict[str, str] = {
     "explain": "hotloop.engine.explain:main",
     "tune": "hotloop.tools.tune_cli:main",
     "profile": "hotloop.tools.profile_cli:main",
-    "bench": "hotloop.tools.bench:main",
-    "export": "hotloop.tools.export:main",
-    "decode": "hotloop.tools.decode:main",
 }
 
 DEFAULT_PROBLEM = "algorithmic_reverse"
