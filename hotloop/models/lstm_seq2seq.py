@@ -1,17 +1,14 @@
 """A small LSTM encoder-decoder with dot-product attention over the encoder states."""
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..hparams import HParams
 from ..problems.algorithmic import AlgorithmicHParams
-from ..problems.base import PAD_ID, Batch, ProblemSpec
 from ..registry import hparams_sets, models
-from .base import SequenceModel
-from .layers import OutputTop, TokenEmbedding, shift_right
+from .encoder_decoder import EncoderDecoder
 
 __all__ = ["LSTMSeq2Seq", "LSTMAttentionBody"]
 
@@ -36,21 +33,9 @@ class LSTMAttentionBody(nn.Module):
 
 
 @models.register("lstm_seq2seq")
-class LSTMSeq2Seq(SequenceModel):
-    tasks = ("seq2seq",)
-
-    def __init__(self, hp: HParams, spec: ProblemSpec, body: nn.Module | None = None) -> None:
-        super().__init__(hp, spec)
-        self.src_bottom = TokenEmbedding(spec.input_vocab_size, hp.hidden_size, dropout=hp.dropout)
-        self.tgt_bottom = TokenEmbedding(spec.target_vocab_size, hp.hidden_size, dropout=hp.dropout)
-        self.body = body if body is not None else LSTMAttentionBody(hp)
-        self.top = OutputTop(hp.hidden_size, spec.target_vocab_size)
-
-    def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
-        inputs, targets = batch["inputs"], batch["targets"]
-        src = self.src_bottom(inputs)                       # [B, S, H]
-        tgt = self.tgt_bottom(shift_right(targets))         # [B, T, H]
-        return self.top(self.body(src, tgt, inputs == PAD_ID)), None
+class LSTMSeq2Seq(EncoderDecoder):
+    def make_body(self, hp: HParams) -> nn.Module:
+        return LSTMAttentionBody(hp)
 
 
 @hparams_sets.register("lstm_seq2seq_algorithmic")

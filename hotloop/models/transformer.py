@@ -1,17 +1,14 @@
 """Transformer encoder-decoder (Vaswani et al.) for seq2seq problems."""
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..hparams import HParams
 from ..problems.algorithmic import AlgorithmicHParams
-from ..problems.base import PAD_ID, Batch, ProblemSpec
 from ..registry import hparams_sets, models
-from .base import SequenceModel
-from .layers import OutputTop, TokenEmbedding, shift_right
+from .encoder_decoder import EncoderDecoder
 
 __all__ = ["Transformer", "TransformerBody"]
 
@@ -34,22 +31,11 @@ class TransformerBody(nn.Module):
 
 
 @models.register("transformer")
-class Transformer(SequenceModel):
-    tasks = ("seq2seq",)
+class Transformer(EncoderDecoder):
+    learned_positions = True
 
-    def __init__(self, hp: HParams, spec: ProblemSpec, body: nn.Module | None = None) -> None:
-        super().__init__(hp, spec)
-        max_len = max(spec.max_input_length, spec.max_target_length, 1)
-        self.src_bottom = TokenEmbedding(spec.input_vocab_size, hp.hidden_size, max_len, hp.dropout)
-        self.tgt_bottom = TokenEmbedding(spec.target_vocab_size, hp.hidden_size, max_len, hp.dropout)
-        self.body = body if body is not None else TransformerBody(hp)
-        self.top = OutputTop(hp.hidden_size, spec.target_vocab_size)
-
-    def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
-        inputs, targets = batch["inputs"], batch["targets"]
-        src = self.src_bottom(inputs)                     # [B, S, H]
-        tgt = self.tgt_bottom(shift_right(targets))       # [B, T, H]
-        return self.top(self.body(src, tgt, inputs == PAD_ID)), None
+    def make_body(self, hp: HParams) -> nn.Module:
+        return TransformerBody(hp)
 
 
 @hparams_sets.register("transformer_algorithmic")
