@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hotloop  # noqa: F401 - declares the built-ins
+from hotloop.data import stream_windows
 from hotloop.engine import Strategy
 from hotloop.hparams import get_hparams
 from hotloop.problems.base import Problem, ProblemSpec
@@ -80,12 +81,7 @@ class TinyStreamLM(Problem):
 
     def reader(self, split, hp, *, seed=0, shuffle=None):
         rng = np.random.default_rng({"train": 0, "valid": 1, "test": 2}[split])
-        stream = torch.from_numpy(rng.integers(0, self.vocab, size=hp.batch_size * 41))
-        rows = stream.reshape(hp.batch_size, -1)              # [B, L]
-        t = hp.max_length
-        batches = [{"inputs": rows[:, i:i + t], "targets": rows[:, i + 1:i + t + 1]}
-                   for i in range(0, rows.shape[1] - t - 1, t)]
-        return ListReader(batches)
+        return stream_windows(rng.integers(0, self.vocab, size=hp.batch_size * 41), hp.batch_size, hp.max_length)
 
 
 def tiny_lm_hp(extra: str = ""):
