@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..hparams import HParams
 from ..problems.base import PAD_ID, Batch, ProblemSpec
 
-__all__ = ["LossOutput", "SequenceModel", "token_stats", "ModelMismatchError"]
+__all__ = ["LossOutput", "SequenceModel", "token_stats", "count", "ModelMismatchError"]
 
 
 class ModelMismatchError(ValueError):
@@ -36,6 +36,11 @@ class LossOutput:
     stats: dict[str, Tensor]
     state: Any = None
     logits: Tensor | None = field(default=None, repr=False)
+
+
+def count(n: int, like: Tensor) -> Tensor:
+    """A scalar int64 count on ``like``'s device, made by a fill kernel (no host-to-device copy)."""
+    return like.new_full((), n, dtype=torch.int64)
 
 
 def token_stats(logits: Tensor, targets: Tensor, *, with_accuracy: bool,
@@ -57,7 +62,7 @@ def token_stats(logits: Tensor, targets: Tensor, *, with_accuracy: bool,
         loss = nll
     denom = tokens.clamp(min=1)
     stats = {"nll_sum": nll.detach(), "tokens": tokens,
-             "examples": torch.tensor(targets.shape[0], device=targets.device)}
+             "examples": count(targets.shape[0], targets)}
     if with_accuracy:
         hit = (logits.argmax(-1) == targets) | (targets == pad_id)  # [B, T]
         stats["correct"] = (hit.reshape(-1) & mask).sum()

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ..hparams import HParams
 from ..problems.base import Batch, ProblemSpec
 from ..registry import hparams_sets, models
-from .base import LossOutput, SequenceModel, token_stats
+from .base import LossOutput, SequenceModel, count, token_stats
 from .fused_ce import linear_cross_entropy
 from .lstm_cells import LSTM_IMPLS, LSTMImplError, LSTMState, run_lstm
 
@@ -111,10 +111,8 @@ class LSTMLM(SequenceModel):
                                        chunk_rows=getattr(self.hp, "ce_chunk_rows", 256),
                                        gemm_dtype=self._ce_gemm_dtype())
             pad = self.spec.pad_id
-            tokens = (flat_targets != pad).sum() if pad >= 0 else \
-                torch.tensor(flat_targets.numel(), device=targets.device)
-            stats = {"nll_sum": nll.detach(), "tokens": tokens,
-                     "examples": torch.tensor(targets.shape[0], device=targets.device)}
+            tokens = (flat_targets != pad).sum() if pad >= 0 else count(flat_targets.numel(), targets)
+            stats = {"nll_sum": nll.detach(), "tokens": tokens, "examples": count(targets.shape[0], targets)}
             logits = None
         else:
             logits, new_state = self(batch, state)
