@@ -35,7 +35,7 @@ __all__ = ["Rung", "ladder_rungs", "run_ladder", "main"]
 
 CONFIGS = {"small": "lstm_lm_small", "medium": "lstm_lm_medium", "large": "lstm_lm_large",
            "example": "lstm_lm_example"}
-PLAIN = {"lstm_impl": "fused", "fused_ce": False, "ce_gemm_dtype": "fp32"}
+PLAIN = {"lstm_impl": "fused", "lstm_gemm_dtype": "fp32", "fused_ce": False, "ce_gemm_dtype": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,12 @@ def ladder_rungs(threads: int, default_strategy: Strategy | None, with_compile: 
     r9 = replace(r8, name="9 fused CE with bf16 GEMM operands",
                  model_changes={**PLAIN, "fused_ce": True, "ce_gemm_dtype": "bf16"})
     r10 = replace(r9, name="10 alt: 9 + bf16 autocast LSTM", precision="bf16", cumulative=False)
-    rungs = [r0, r1, r2, r3, r4, r5, r6, r7, r8, r8h, r8u, r9, r10]
+    r11 = replace(r9, name="11 alt: 9 + hand-written BPTT LSTM, bf16 GEMMs", cumulative=False,
+                  model_changes={**PLAIN, "fused_ce": True, "ce_gemm_dtype": "bf16", "lstm_impl": "bptt",
+                                 "lstm_gemm_dtype": "bf16"})
+    rungs = [r0, r1, r2, r3, r4, r5, r6, r7, r8, r8h, r8u, r9, r10, r11]
     if with_compile:
-        rungs.append(replace(r9, name="11 alt: torch.compile (inductor) of the loss", compile=True,
+        rungs.append(replace(r9, name="12 alt: torch.compile (inductor) of the loss", compile=True,
                              cumulative=False))
     if extra_strategy is not None:
         rungs.append(Rung("hotloop+ strategy override " + _strategy_diff(extra_strategy), model_loss=True,
@@ -294,7 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=120, help="timed steps per rung")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--warmup_rounds", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads for rungs >= 1")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="intra-op threads for rungs >= 1 (default: torch's default)")
     parser.add_argument("--eval_batches", type=int, default=40)
     parser.add_argument("--strategy", default="auto",
                         help="'auto' (what hotloop train does) or Strategy overrides k=v,...")

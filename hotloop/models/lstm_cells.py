@@ -9,6 +9,9 @@ Every formulation reads the parameters of one ``nn.LSTM`` (gate order i, f, g, o
   projections per step (the "static graph" formulation).
 - ``hoisted``: one GEMM for the input projections of all steps per layer,
   only the recurrent GEMM inside the time loop.
+- ``bptt``: ``hoisted`` with a hand-written backward (one reverse loop, then
+  three GEMMs over all steps; see :mod:`.lstm_bptt`). The only formulation that
+  takes ``gemm_dtype`` (bf16 GEMM operands, fp32 gates and state).
 
 All functions map ``x [T, B, I]`` and ``(h0, c0)`` each ``[L, B, H]`` to
 ``(y [T, B, H], (hT, cT))``; dropout (if any) is applied between layers only,
@@ -21,6 +24,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .lstm_bptt import lstm_layer_bptt
 
 __all__ = ["LSTM_IMPLS", "LSTMState", "run_lstm", "LSTMImplError"]
 
@@ -44,8 +49,8 @@ def _cell_update(gates: Tensor, c: Tensor) -> LSTMState:
     return h, c
 
 
-def _fused(rnn: nn.LSTM, x: Tensor, state: LSTMState, dropout: float, training: bool
-           ) -> tuple[Tensor, LSTMState]:
+def _fused(rnn: nn.LSTM, x: Tensor, state: LSTMState, dropout: float, training: bool,
+           gemm_dtype: torch.dtype | None = None) -> tuple[Tensor, LSTMState]:
     y, (h, c) = rnn(x, state)
     return y, (h, c)
 
@@ -88,24 +93,34 @@ def _hoisted_layer(rnn: nn.LSTM, layer: int, x: Tensor, h: Tensor, c: Tensor
     return torch.stack(outputs), h, c                                   # [T, B, H]
 
 
-def _unrolled(rnn, x, state, dropout, training):
+def _unrolled(rnn, x, state, dropout, training, gemm_dtype=None):
     return _stack(_unrolled_layer, rnn, x, state, dropout, training)
 
 
-def _hoisted(rnn, x, state, dropout, training):
+def _hoisted(rnn, x, state, dropout, training, gemm_dtype=None):
     return _stack(_hoisted_layer, rnn, x, state, dropout, training)
 
 
+def _bptt(rnn, x, state, dropout, training, gemm_dtype=None):
+    def layer_fn(rnn: nn.LSTM, layer: int, x: Tensor, h: Tensor, c: Tensor):
+        return lstm_layer_bptt(x, h, c, *_layer_params(rnn, layer), gemm_dtype=gemm_dtype)
+    return _stack(layer_fn, rnn, x, state, dropout, training)
+
+
 LSTM_IMPLS: dict[str, Callable[..., tuple[Tensor, LSTMState]]] = {
-    "fused": _fused, "unrolled": _unrolled, "hoisted": _hoisted,
+    "fused": _fused, "unrolled": _unrolled, "hoisted": _hoisted, "bptt": _bptt,
 }
 
 
 def run_lstm(impl: str, rnn: nn.LSTM, x: Tensor, state: LSTMState, *, dropout: float = 0.0,
-             training: bool = False) -> tuple[Tensor, LSTMState]:
-    """Run the stacked LSTM ``rnn`` on ``x [T, B, I]`` with formulation ``impl``."""
+             training: bool = False, gemm_dtype: torch.dtype | None = None) -> tuple[Tensor, LSTMState]:
+    """Run the stacked LSTM ``rnn`` on ``x [T, B, I]`` with formulation ``impl``.
+
+    ``gemm_dtype`` (bf16 GEMM operands) is honoured by ``bptt`` only; the other
+    formulations ignore it (``LSTMLM`` rejects the combination).
+    """
     try:
         fn = LSTM_IMPLS[impl]
     except KeyError:
         raise LSTMImplError(f"unknown lstm_impl {impl!r}; choose one of {sorted(LSTM_IMPLS)}") from None
-    return fn(rnn, x, state, dropout, training)
+    return fn(rnn, x, state, dropout, training, gemm_dtype)

@@ -24,7 +24,7 @@ from .base import LossOutput, SequenceModel, count, token_stats
 from .fused_ce import linear_cross_entropy
 from .lstm_cells import LSTM_IMPLS, LSTMImplError, LSTMState, run_lstm
 
-__all__ = ["LSTMLM", "LSTMLMHParams", "FASTEST", "lstm_lm_small", "lstm_lm_medium", "lstm_lm_large",
+__all__ = ["LSTMLM", "LSTMLMHParams", "FASTEST", "FASTEST_WIDE", "lstm_lm_small", "lstm_lm_medium", "lstm_lm_large",
            "lstm_lm_example"]
 
 
@@ -32,9 +32,10 @@ __all__ = ["LSTMLM", "LSTMLMHParams", "FASTEST", "lstm_lm_small", "lstm_lm_mediu
 class LSTMLMHParams(HParams):
     """Zaremba-style LSTM LM fields on top of :class:`HParams`."""
 
-    lstm_impl: str = "fused"          # "fused" | "unrolled" | "hoisted" (same math)
+    lstm_impl: str = "fused"          # "fused" | "unrolled" | "hoisted" | "bptt" (same math)
+    lstm_gemm_dtype: str = "fp32"     # "fp32" | "bf16": GEMM operand dtype of lstm_impl=bptt
     fused_ce: bool = True             # chunked output projection + cross-entropy
-    ce_chunk_rows: int = 256          # rows per chunk for fused_ce
+    ce_chunk_rows: int = 0            # rows of logits live at once in fused_ce (0: its default)
     ce_gemm_dtype: str = "fp32"       # "fp32" | "bf16": operand dtype of the fused_ce GEMMs
     loss_sum_over_time: bool = True   # loss = NLL summed over time, mean over batch
     tie_embeddings: bool = False
@@ -56,6 +57,12 @@ class LSTMLM(SequenceModel):
             raise LSTMImplError(f"unknown lstm_impl {impl!r}; choose one of {sorted(LSTM_IMPLS)}")
         if getattr(hp, "ce_gemm_dtype", "fp32") not in _GEMM_DTYPES:
             raise ValueError(f"unknown ce_gemm_dtype {hp.ce_gemm_dtype!r}; choose one of {list(_GEMM_DTYPES)}")
+        lstm_dtype = getattr(hp, "lstm_gemm_dtype", "fp32")
+        if lstm_dtype not in _GEMM_DTYPES:
+            raise ValueError(f"unknown lstm_gemm_dtype {lstm_dtype!r}; choose one of {list(_GEMM_DTYPES)}")
+        if lstm_dtype != "fp32" and impl != "bptt":
+            raise ValueError(f"lstm_gemm_dtype={lstm_dtype} needs lstm_impl=bptt (got lstm_impl={impl}); "
+                             f"for nn.LSTM use the strategy's precision=bf16 instead")
         vocab, hidden = spec.target_vocab_size, hp.hidden_size
         self.embedding = nn.Embedding(vocab, hidden)
         self.rnn = nn.LSTM(hidden, hidden, hp.num_layers,
@@ -88,7 +95,9 @@ class LSTMLM(SequenceModel):
         drop = self.hp.dropout
         x = F.dropout(self.embedding(inputs.t()), drop, self.training)   # [T, B, H]
         impl = getattr(self.hp, "lstm_impl", "fused")
-        y, new_state = run_lstm(impl, self.rnn, x, state, dropout=drop, training=self.training)
+        low = _GEMM_DTYPES[getattr(self.hp, "lstm_gemm_dtype", "fp32")] if self.training else None
+        y, new_state = run_lstm(impl, self.rnn, x, state, dropout=drop, training=self.training,
+                                gemm_dtype=low)
         return F.dropout(y, drop, self.training), new_state              # [T, B, H]
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, LSTMState]:
@@ -108,7 +117,7 @@ class LSTMLM(SequenceModel):
             nll = linear_cross_entropy(y.reshape(-1, y.shape[-1]), self.output.weight,
                                        self.output.bias, flat_targets,
                                        ignore_index=self.spec.pad_id,
-                                       chunk_rows=getattr(self.hp, "ce_chunk_rows", 256),
+                                       chunk_rows=getattr(self.hp, "ce_chunk_rows", 0) or None,
                                        gemm_dtype=self._ce_gemm_dtype())
             pad = self.spec.pad_id
             tokens = (flat_targets != pad).sum() if pad >= 0 else count(flat_targets.numel(), targets)
@@ -126,10 +135,14 @@ class LSTMLM(SequenceModel):
         return LossOutput(loss, stats, new_state, logits)
 
 
-# The fastest formulation verified on the 2-core AVX512-BF16 CPU (docs/results.md):
-# nn.LSTM + chunked fused output/cross-entropy with bf16 GEMM operands (fp32 softmax,
-# loss and accumulation). Use ce_gemm_dtype=fp32 for bitwise-fp32 math.
+# The fastest formulations measured on the 2-core AVX512-BF16 CPU (docs/results.md):
+# the chunked fused output/cross-entropy with bf16 GEMM operands (fp32 softmax
+# accumulation, loss and gradients) everywhere; for the LSTM, oneDNN's nn.LSTM at
+# hidden 200 (per-step overhead dominates) and the hand-written BPTT with bf16 GEMM
+# operands from hidden 650 up (the per-step GEMM is weight-bandwidth bound).
+# Use ce_gemm_dtype=fp32 (and lstm_gemm_dtype=fp32) for fp32 math.
 FASTEST = {"lstm_impl": "fused", "fused_ce": True, "ce_gemm_dtype": "bf16"}
+FASTEST_WIDE = {**FASTEST, "lstm_impl": "bptt", "lstm_gemm_dtype": "bf16"}
 
 
 def _zaremba(hidden: int, steps: int, init: float, max_epoch: int, max_max_epoch: int,
@@ -138,7 +151,8 @@ def _zaremba(hidden: int, steps: int, init: float, max_epoch: int, max_max_epoch
         hidden_size=hidden, num_layers=2, max_length=steps, batch_size=20, init_scale=init,
         optimizer="sgd", learning_rate=1.0, lr_schedule="epoch_decay", lr_decay=decay,
         lr_decay_start_epoch=max_epoch, max_epochs=max_max_epoch, dropout=dropout,
-        max_grad_norm=clip, weight_decay=0.0, loss_sum_over_time=True, **FASTEST)
+        max_grad_norm=clip, weight_decay=0.0, loss_sum_over_time=True,
+        **(FASTEST if hidden < 650 else FASTEST_WIDE))
 
 
 @hparams_sets.register("lstm_lm_small")
