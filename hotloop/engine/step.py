@@ -18,7 +18,7 @@ from ..problems.base import Batch
 from .strategy import Strategy
 
 __all__ = ["LossFn", "StepResult", "TrainStep", "compile_step", "autocast_context", "detach_state",
-           "default_loss_fn", "wire_fused_optimizer"]
+           "default_loss_fn", "wire_fused_optimizer", "clip_grad_norm"]
 
 LossFn = Callable[[nn.Module, Batch, Any], LossOutput]
 
@@ -113,7 +113,24 @@ class TrainStep:
             return None
         if self.grad_scaler is not None:
             self.grad_scaler.unscale_(self.optimizer)
-        return torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+        return clip_grad_norm(self.params, self.max_grad_norm)
+
+
+def clip_grad_norm(params: Sequence[Tensor], max_norm: float) -> Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (foreach), bitwise, minus a no-op pass on the host.
+
+    torch always multiplies every gradient by ``min(1, max_norm / norm)`` so that no
+    device sync is needed. When the gradients live in host memory, reading that
+    coefficient costs nothing, and when it is exactly 1 the multiply (one full read
+    and write of every gradient) is skipped: multiplying by 1.0 is the identity.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    on_host = all(g.device.type == "cpu" for g in grads)
+    if on_host and bool(torch.clamp(max_norm / (total + 1e-6), max=1.0) == 1.0):
+        return total
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total
 
 
 def _channels_last_inputs(loss_fn: LossFn) -> LossFn:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ..engine.step import autocast_context, detach_state
+from ..engine.step import autocast_context, clip_grad_norm, detach_state
 from ..engine.strategy import Strategy
 from ..hparams import HParams
 from ..optim import build_optimizer, sparse_gradient_modules
@@ -137,7 +137,7 @@ class _Stepper:
         t3 = self._mark()
         with record_function("hotloop::optimizer"):
             if self.hp.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.params, self.hp.max_grad_norm, foreach=True)
+                clip_grad_norm(self.params, self.hp.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         t4 = self._mark()

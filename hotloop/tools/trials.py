@@ -188,7 +188,9 @@ class TrialRunner:
         while True:
             est = self.typical_step([reference] + live + done)
             for cand in list(queue):                 # in priority order; a costly one does not block the rest
-                unfinished = sum((target - t.steps_run) * t.own_estimate(est) for t in live)
+                # live candidates still owe their remaining steps, and their compile cost if never stepped
+                unfinished = sum((target - t.steps_run) * t.own_estimate(est)
+                                 + (t.compile_cost if t.steps_run == 0 else 0.0) for t in live)
                 need = est + cand.compile_cost
                 first_probe = not live and not done and cand.compile_cost == 0 and budget.remaining() > 0
                 if need + unfinished > budget.remaining() and not first_probe:
@@ -215,6 +217,8 @@ class TrialRunner:
             rounds += 1
             start = budget.elapsed()
             for trial in members:
+                if budget.remaining() <= 0:   # a round of slow first steps must not run past the cap
+                    break
                 self.step(trial)
             last_round = budget.elapsed() - start
         for trial in queue:

@@ -29,6 +29,25 @@ def test_foreach_update_equals_per_tensor_loop_bitwise(name):
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])   # clipped, and coefficient exactly 1
+def test_clip_grad_norm_is_bitwise_torch_and_skips_the_identity_multiply(max_norm, monkeypatch):
+    from hotloop.engine.step import clip_grad_norm
+    torch.manual_seed(1)
+    grads = [torch.randn(40, 30), torch.randn(17)]
+    mine = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    ref = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for a, b, g in zip(mine, ref, grads):
+        a.grad, b.grad = g.clone(), g.clone()
+    want = torch.nn.utils.clip_grad_norm_(ref, max_norm, foreach=True)
+    multiplies = []
+    real_mul = torch._foreach_mul_
+    monkeypatch.setattr(torch, "_foreach_mul_", lambda *a, **k: multiplies.append(1) or real_mul(*a, **k))
+    got = clip_grad_norm(mine, max_norm)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(mine, ref))
+    assert len(multiplies) == (1 if max_norm < float(want) else 0)
+
+
 def test_fused_optimizer_strategy_trains_bitwise_like_the_loop():
     result = check_parity(model_case("mlp", "tiny", steps=3), Strategy(fused_optimizer=True))
     assert result.ok and result.max_abs_diff == 0.0
