@@ -2,7 +2,9 @@
 
 1. read a few real batches (timing the reader), measure the model (FLOPs, op sizes, layers);
 2. time eager fp32 (the baseline, always a candidate) to size the budget:
-   ``min(max_seconds, budget_fraction * planned_steps * eager_step)``;
+   ``min(max_seconds, budget_fraction * planned run seconds)``, the planned run
+   being ``planned_steps * eager_step`` capped by ``planned_seconds`` (``max_time``);
+   the budget covers all of tuning from its first batch read, not only the trials;
 3. rules propose candidates (:mod:`hotloop.tools.proposals`): all combined,
    the combination without each one, then each alone; the ones that fit the
    budget run interleaved with the baseline (:mod:`hotloop.tools.trials`);
@@ -175,6 +177,7 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
          planned_steps: int | None = None, *, budget_fraction: float = 0.05,
          max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
          log: Callable[[str], None] = print, extra_proposals: Sequence[Proposal] = (),
+         planned_seconds: float | None = None,
          num_batches: int = 16, warmup: int = 2, max_trial_steps: int = 10,
          min_gain: float = 0.02, hardware: HardwareInfo | None = None) -> TuneReport:
     """Run the autotuner and return the full report (``auto_strategy`` returns ``report.strategy``)."""
@@ -200,8 +203,8 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         baseline = Trial("eager", baseline_s, "baseline: eager fp32, per-tensor optimizer loop")
         runner.prepare(baseline)
         def budget_for(eager_s: float) -> float:
-            wanted = budget_fraction * planned_steps * eager_s if planned_steps else max_seconds
-            return min(max_seconds, wanted)
+            run_s = [s for s in (planned_steps * eager_s if planned_steps else None, planned_seconds) if s]
+            return min([max_seconds] + [budget_fraction * s for s in run_s])
 
         facts = _calibrate(runner, baseline, hard, model, budget_for)
         eager_s = baseline.median if baseline.measured else (hard.elapsed() or 1.0)
@@ -246,7 +249,10 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
 def auto_strategy(model: nn.Module, problem: Problem, hp: HParams, device: torch.device | str,
                   planned_steps: int | None, *, budget_fraction: float = 0.05,
                   max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
-                  log: Callable[[str], None] = print) -> Strategy:
-    """The Strategy for ``strategy="auto"``: never slower than eager fp32 in its own measurements."""
+                  log: Callable[[str], None] = print, planned_seconds: float | None = None) -> Strategy:
+    """The Strategy for ``strategy="auto"``: never slower than eager fp32 in its own measurements.
+
+    ``planned_seconds`` (the run's ``max_time``) caps the planned run the budget is a fraction of.
+    """
     return tune(model, problem, hp, device, planned_steps, budget_fraction=budget_fraction,
-                max_seconds=max_seconds, cache=cache, log=log).strategy
+                max_seconds=max_seconds, cache=cache, log=log, planned_seconds=planned_seconds).strategy

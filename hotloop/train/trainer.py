@@ -132,7 +132,8 @@ class Trainer:
         self.model = model.to(self.device)
         planned = self.hp.max_steps or self.hp.max_epochs * (self.steps_per_epoch or 0)
         self.strategy = resolve_strategy(strategy, log=self.notify, model=self.model, problem=problem,
-                                         hp=self.hp, device=self.device, planned_steps=planned)
+                                         hp=self.hp, device=self.device, planned_steps=planned,
+                                         **({"planned_seconds": max_time} if max_time else {}))
         if log_every is not None:
             self.strategy = self.strategy.replace(sync_every=log_every)
         self.strategy.validate(self.device)

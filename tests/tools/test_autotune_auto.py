@@ -49,6 +49,15 @@ def test_tiny_budget_bounds_the_number_of_trial_steps(tiny_model, copy_problem, 
     assert short.step_calls <= 1 + 3 + 1                          # counting step + calibration + probe
 
 
+def test_max_time_caps_the_planned_run(tiny_model, copy_problem, tiny_hp):
+    """A run capped at 4 s by max_time gets at most 5% of 4 s, however many steps it plans."""
+    capped = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**6, max_seconds=20, cache=False,
+                  planned_seconds=4.0, **QUIET)
+    assert capped.budget_seconds == pytest.approx(0.2)
+    unbounded = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**6, max_seconds=20, cache=False, **QUIET)
+    assert unbounded.budget_seconds == pytest.approx(20.0)
+
+
 def test_parity_guard_rejects_a_candidate_that_changes_results(tiny_model, copy_problem, tiny_hp,
                                                                monkeypatch):
     real = engine_step.compile_step
