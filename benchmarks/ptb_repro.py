@@ -52,18 +52,28 @@ def evaluate(model: torch.nn.Module, reader) -> float:
 
 
 def plot_log(log_path: str | Path, png_path: str | Path, title: str = "") -> None:
-    """Loss curve (train ppl every log row, valid/test ppl per epoch) from a ``log.jsonl``."""
+    """Loss curve from this runner's ``log.jsonl`` (train, valid/test per epoch) or from a
+    ``hotloop train`` run's ``metrics.jsonl`` (train and valid rows)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
-    start = next((r for r in rows if r["event"] == "start"), None)
-    steps_per_epoch = start["steps_per_epoch"] if start else 1
-    train = [(r["step"] / steps_per_epoch, r["ppl"]) for r in rows if r["event"] == "train"]
-    epochs = [r for r in rows if r["event"] == "epoch"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    if train:
-        ax.plot(*zip(*train), lw=0.8, alpha=0.7, label="train (100-step windows)")
+    if rows and "split" in rows[0]:   # a `hotloop train` metrics.jsonl
+        epoch_of = {r["step"]: r["epoch"] for r in rows if r["split"] == "train"}
+        per_epoch = max(epoch_of) / max(max(epoch_of.values()), 1)
+        train = [(r["step"] / per_epoch, r["ppl"]) for r in rows if r["split"] == "train"]
+        valid = [(r["step"] / per_epoch, r["ppl"]) for r in rows if r["split"] == "valid"]
+        ax.plot(*zip(*train), lw=0.8, alpha=0.7, label="train (50-step windows)")
+        ax.plot(*zip(*valid), ".-", lw=1.0, label="valid (every 500 steps)")
+        epochs = []
+    else:                             # benchmarks/ptb_repro.py's log.jsonl
+        start = next((r for r in rows if r["event"] == "start"), None)
+        steps_per_epoch = start["steps_per_epoch"] if start else 1
+        train = [(r["step"] / steps_per_epoch, r["ppl"]) for r in rows if r["event"] == "train"]
+        epochs = [r for r in rows if r["event"] == "epoch"]
+        if train:
+            ax.plot(*zip(*train), lw=0.8, alpha=0.7, label="train (100-step windows)")
     if epochs:
         xs = [r["epoch"] + 1 for r in epochs]
         ax.plot(xs, [r["valid_ppl"] for r in epochs], "o-", label="valid")
@@ -91,10 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--raw_dir", default="../shared/data/ptb")
     parser.add_argument("--max_epochs", type=int, default=0, help="stop early (0 = hparams)")
     parser.add_argument("--max_steps_per_epoch", type=int, default=0)
-    parser.add_argument("--plot", default="", help="only plot OUT/log.jsonl to this PNG and exit")
+    parser.add_argument("--plot", default="",
+                        help="only plot OUT/metrics.jsonl (hotloop train) or OUT/log.jsonl to this PNG and exit")
     args = parser.parse_args(argv)
     if args.plot:
-        plot_log(Path(args.out) / "log.jsonl", args.plot)
+        out = Path(args.out)
+        plot_log(out / "metrics.jsonl" if (out / "metrics.jsonl").exists() else out / "log.jsonl", args.plot)
         return
 
     declare_builtins()

@@ -1,7 +1,9 @@
 """Short, interleaved, timed training trials of candidate strategies on real batches.
 
 Every candidate trains its own copy of the *same* initial weights on the
-*same* batch sequence, one step per round in round-robin order (so load from
+*same* batch sequence with its own copy of the *same* random stream (so
+dropout draws the same masks in every candidate however the rounds interleave),
+one step per round in round-robin order (so load from
 other processes hits all candidates alike); per-step times after warm-up give
 a median, and the per-step losses feed the parity guard. A :class:`Budget`
 bounds the wall time; candidates that do not fit are skipped, never run.
@@ -25,7 +27,7 @@ from ..problems.base import Batch
 from .isolation import applied_strategy
 from .model_facts import initial_state_for
 
-__all__ = ["Budget", "Trial", "TrialRunner", "MIN_MEASURED"]
+__all__ = ["Budget", "Trial", "TrialRunner", "MIN_MEASURED", "rng_snapshot", "rng_restore"]
 
 MIN_MEASURED = 3        # measured steps a candidate needs to be compared
 
@@ -77,11 +79,26 @@ class Trial:
         return self.status == "ok" and bool(self.step_times)
 
 
+def rng_snapshot(device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The global random state a training step draws from (CPU, plus CUDA on a CUDA device)."""
+    cuda = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def rng_restore(snapshot: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    cpu, cuda = snapshot
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 class _CandidateRun:
-    """A candidate's private model copy, optimizer, compiled step and stream position."""
+    """A candidate's private model copy, optimizer, compiled step, stream position and RNG stream."""
 
     def __init__(self, pristine: nn.Module, hp: HParams, strategy: Strategy,
-                 device: torch.device, first_batch: Batch) -> None:
+                 device: torch.device, first_batch: Batch,
+                 rng: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+        self.rng = rng
         self.model = copy.deepcopy(pristine).train()
         if strategy.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -108,6 +125,7 @@ class TrialRunner:
         self.warmup = warmup
         self.accum = max(1, hp.accum_steps)
         self.step_calls = 0                  # every step run by this runner (the budget test counts these)
+        self.rng_start = rng_snapshot(device)  # every candidate's random stream starts here
 
     def prepare(self, trial: Trial) -> bool:
         """Validate and build a candidate; False (with ``trial.status`` set) if it cannot run."""
@@ -115,7 +133,7 @@ class TrialRunner:
             trial.strategy.validate(self.device)
             validate_for_model(trial.strategy, self.pristine)
             trial.runner = _CandidateRun(self.pristine, self.hp, trial.strategy, self.device,
-                                         self.batches[0])
+                                         self.batches[0], self.rng_start)
         except (StrategyError, NotImplementedError) as exc:
             trial.status = f"unsupported: {exc}"
             return False
@@ -136,10 +154,12 @@ class TrialRunner:
         self.step_calls += 1
         try:
             with applied_strategy(trial.strategy, self.device):
+                rng_restore(run.rng)
                 start = time.perf_counter()
                 result = run.step(micro, run.state)
                 loss = float(result.loss)        # host read: the step is complete when timed
                 seconds = time.perf_counter() - start
+                run.rng = rng_snapshot(self.device)
         except Exception as exc:  # a candidate that crashes is reported, never chosen
             trial.status = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             trial.runner = None

@@ -83,6 +83,22 @@ def test_parity_guard_rejects_a_candidate_that_changes_results(tiny_model, copy_
     assert all(t.parity.startswith("REJECTED") for t in report.trials if t.strategy.sync_every == 7 and t.measured)
 
 
+def test_dropout_models_get_the_same_masks_in_every_trial(tiny_model, copy_problem, tiny_hp):
+    """Interleaved trials must not shift each other's random stream: with dropout, a
+    candidate with the same math (the foreach optimizer) still matches eager bitwise."""
+    class Dropping(type(tiny_model)):
+        def forward(self, batch, state=None):
+            logits, _ = super().forward(batch, state)
+            return torch.nn.functional.dropout(logits, 0.5, self.training), None
+
+    torch.manual_seed(0)
+    model = Dropping(tiny_hp, copy_problem.spec(tiny_hp))
+    report = tune(model, copy_problem, tiny_hp, "cpu", None, max_seconds=8, cache=False, **QUIET)
+    same_math = [t for t in report.trials if t.label == "fused_optimizer" and t.measured]
+    assert same_math, [(t.label, t.status) for t in report.trials]
+    assert same_math[0].parity.startswith("ok (bitwise"), same_math[0].parity
+
+
 def test_cache_hits_on_second_call_and_no_cache_bypasses(tiny_model, copy_problem, tiny_hp, private_cache):
     first = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=1, **QUIET)
     assert first.cache == "miss" and first.step_calls > 0
