@@ -182,8 +182,10 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
          min_gain: float = 0.02, hardware: HardwareInfo | None = None) -> TuneReport:
     """Run the autotuner and return the full report (``auto_strategy`` returns ``report.strategy``)."""
     device = torch.device(device)
+    # torch.optim imports torch._dynamo on first use (about a second): the run pays it
+    # anyway when it builds its optimizer, so it is neither tuning time nor budget
+    importlib.import_module("torch._dynamo")
     started = time.perf_counter()
-    importlib.import_module("torch._dynamo")  # torch.optim imports it on first use (seconds): not tuning time
     hard = Budget(max_seconds)
     hw = hardware or detect_hardware(device)
     baseline_s = baseline_strategy()

@@ -190,7 +190,9 @@ class TrialRunner:
         The top candidate always gets one probe step while any budget is left
         (a step cannot be interrupted: the cap may be passed by that one step).
         Other admissions need room for one probe step priced at the typical measured
-        step (eager's, until candidates are measured) plus the compile cost,
+        step (eager's, until candidates are measured) plus the compile cost (and a
+        compiling candidate needs twice its cost plus MIN_MEASURED steps, so a short
+        budget is not spent on one capture),
         on top of the remaining steps of the live candidates priced at their
         own observed times (so a pathologically slow baseline does not starve
         fast candidates, and a slow candidate does not overrun the budget).
@@ -214,6 +216,10 @@ class TrialRunner:
                 need = est + cand.compile_cost
                 first_probe = not live and not done and cand.compile_cost == 0 and budget.remaining() > 0
                 if need + unfinished > budget.remaining() and not first_probe:
+                    continue
+                # a compiling candidate must leave at least half the budget to the cheap ones
+                if cand.compile_cost and 2 * (cand.compile_cost + (target - steps + MIN_MEASURED) * est) \
+                        > budget.remaining():
                     continue
                 queue.remove(cand)
                 (live if self.prepare(cand) else done).append(cand)
