@@ -268,8 +268,8 @@ class Repeat(Reader):
             k += 1
 
 
-class Take(Reader):
-    """The first ``count`` items of each epoch."""
+class _CountedSlice(Reader):
+    """Take / Skip: ``count`` items of each epoch, indexable when the upstream is."""
 
     def __init__(self, upstream: Reader, count: int) -> None:
         super().__init__(upstream)
@@ -278,6 +278,10 @@ class Take(Reader):
     @property
     def indexable(self) -> bool:
         return self.upstream.indexable
+
+
+class Take(_CountedSlice):
+    """The first ``count`` items of each epoch."""
 
     def _num_items(self, epoch: int) -> int | None:
         n = self.upstream._num_items(epoch)
@@ -295,16 +299,8 @@ class Take(Reader):
                 return
 
 
-class Skip(Reader):
+class Skip(_CountedSlice):
     """Each epoch without its first ``count`` items."""
-
-    def __init__(self, upstream: Reader, count: int) -> None:
-        super().__init__(upstream)
-        self.count = max(0, count)
-
-    @property
-    def indexable(self) -> bool:
-        return self.upstream.indexable
 
     def _num_items(self, epoch: int) -> int | None:
         n = self.upstream._num_items(epoch)

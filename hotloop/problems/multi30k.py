@@ -20,11 +20,12 @@ from ..data.datagen import write_ragged_split
 from ..data.download import default_data_dir, default_raw_dir, download, verify_file
 from ..data.errors import DataError
 from ..data.reader import Reader
-from ..data.shards import ShardWriter, manifest_matches, read_manifest
+from ..data.shards import ShardWriter
 from ..data.sources import from_shards
 from ..hparams import HParams
 from ..registry import hparams_sets, problems
-from .base import Problem, ProblemSpec
+from .base import ProblemSpec
+from .prepared import PreparedProblem
 from .text_encoders import SubwordEncoder
 
 __all__ = ["Multi30kDeEn", "Multi30kHParams", "transformer_multi30k", "MULTI30K_SHA256",
@@ -85,7 +86,7 @@ def _read_lines(path: Path) -> list[str]:
 
 
 @problems.register("translate_multi30k_de_en")
-class Multi30kDeEn(Problem):
+class Multi30kDeEn(PreparedProblem):
     """German -> English; batches ``{"inputs": [B, S], "targets": [B, T]}`` int64, 0-padded."""
 
     task: ClassVar[str] = "seq2seq"
@@ -104,12 +105,9 @@ class Multi30kDeEn(Problem):
         return ProblemSpec(task="seq2seq", input_vocab_size=VOCAB_SIZE, target_vocab_size=VOCAB_SIZE,
                            max_input_length=length, max_target_length=length)
 
-    def prepare(self) -> Path:
-        """Datagen (idempotent): verify/download, train the subword vocabulary, write shards."""
+    def _generate(self) -> None:
+        """Verify/download the raw files, train the subword vocabulary, write the shards."""
         assert self.data_dir is not None and self.raw_dir is not None
-        if manifest_matches(self.data_dir, self.name, self.config):
-            log.info("multi30k: %s is already prepared", self.data_dir)
-            return self.data_dir
         paths = fetch_multi30k(self.raw_dir)
         text: dict[str, dict[str, list[str]]] = {}
         for split, stem in SPLIT_FILES.items():
@@ -127,14 +125,6 @@ class Multi30kDeEn(Problem):
                   for split, fields in text.items()}
         writer.finish({"vocab_size": encoder.vocab_size, "splits": splits})
         self._encoder = encoder
-        log.info("multi30k: prepared %s", self.data_dir)
-        return self.data_dir
-
-    def _ensure_prepared(self) -> dict[str, Any]:
-        assert self.data_dir is not None
-        if not (self.data_dir / "manifest.json").is_file():
-            self.prepare()
-        return read_manifest(self.data_dir)
 
     @property
     def encoder(self) -> SubwordEncoder:

@@ -20,11 +20,12 @@ import numpy as np
 
 from ..data.download import default_data_dir, default_raw_dir, download, extract_members, file_digest
 from ..data.errors import ChecksumError, DataError
-from ..data.shards import ShardWriter, manifest_matches, open_array, read_manifest
+from ..data.shards import ShardWriter, open_array
 from ..data.sources import StreamWindows, stream_windows
 from ..hparams import HParams
 from ..registry import problems
-from .base import Problem, ProblemSpec
+from .base import ProblemSpec
+from .prepared import PreparedProblem
 
 __all__ = ["PTBLanguageModel", "PTB_MD5", "PTB_TOKENS", "PTB_URLS", "PTB_TARBALL_URL",
            "read_words", "build_vocab", "fetch_ptb"]
@@ -101,7 +102,7 @@ def fetch_ptb(raw_dir: str | Path, *, base_urls: Iterable[str] = PTB_URLS,
 
 
 @problems.register("ptb_lm")
-class PTBLanguageModel(Problem):
+class PTBLanguageModel(PreparedProblem):
     """Word-level PTB; batches ``{"inputs", "targets"}`` int64 ``[B, T]`` (``T = hp.max_length or 35``)."""
 
     task: ClassVar[str] = "lm"
@@ -123,12 +124,9 @@ class PTBLanguageModel(Problem):
     def num_steps(hp: HParams) -> int:
         return hp.max_length if hp.max_length > 0 else DEFAULT_NUM_STEPS
 
-    def prepare(self) -> Path:
-        """Datagen (idempotent): verify/download raw files, build the vocabulary, write the streams."""
+    def _generate(self) -> None:
+        """Verify/download the raw files, build the vocabulary, write the token streams."""
         assert self.data_dir is not None and self.raw_dir is not None
-        if manifest_matches(self.data_dir, self.name, self.config):
-            log.info("ptb_lm: %s is already prepared", self.data_dir)
-            return self.data_dir
         paths = fetch_ptb(self.raw_dir)
         words = {split: read_words(paths[split]) for split in SPLITS}
         vocab = build_vocab(words["train"])
@@ -148,14 +146,7 @@ class PTBLanguageModel(Problem):
         writer.finish({"vocab_size": VOCAB_SIZE, "splits": {s: {"tokens": n} for s, n in counts.items()}})
         self._streams.clear()
         self._vocab = None
-        log.info("ptb_lm: prepared %s (%s tokens)", self.data_dir, counts)
-        return self.data_dir
-
-    def _ensure_prepared(self) -> dict[str, Any]:
-        assert self.data_dir is not None
-        if not (self.data_dir / "manifest.json").is_file():
-            self.prepare()
-        return read_manifest(self.data_dir)
+        log.info("ptb_lm: %s tokens", counts)
 
     def tokens(self, split: str) -> np.ndarray:
         """The memory-mapped int32 token stream of ``split`` (verified against the manifest)."""
