@@ -89,7 +89,7 @@ def _low_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tens
         h_low[:, width].fill_(1.0)
     nll = hidden.new_zeros(n)                                              # [N] fp32
     grad_hidden = torch.empty_like(hidden) if with_grad else None
-    grad_low = None                                                        # [V, H(+1)] fp32
+    grad_low = None              # [V, H(+1)]: one block's low product, or fp32 sum of several
     for start in range(0, n, block_rows):
         stop = min(start + block_rows, n)
         h = h_low[start:stop]                                              # [n, H(+1)]

@@ -44,9 +44,11 @@ class _LSTMLayer(torch.autograd.Function):
         out = x.new_empty(steps, batch, hidden)                                 # h_t
         h, c = h0, c0
         for t in range(steps):
-            g_t = gates[t]
-            g_t.addmm_(_low(h, gemm_dtype), w_hh_t) if gemm_dtype is None else \
-                g_t.add_(torch.mm(_low(h, gemm_dtype), w_hh_t))
+            g_t = gates[t]                                                      # [B, 4H]
+            if gemm_dtype is None:
+                g_t.addmm_(h, w_hh_t)
+            else:
+                g_t.add_(torch.mm(h.to(gemm_dtype), w_hh_t))                    # fp32 += bf16 product
             g_t[:, :2 * hidden].sigmoid_()                                      # i, f
             g_t[:, 2 * hidden:3 * hidden].tanh_()                               # g
             g_t[:, 3 * hidden:].sigmoid_()                                      # o
@@ -66,11 +68,10 @@ class _LSTMLayer(torch.autograd.Function):
         hidden = h0.shape[1]
         w_hh_low = _low(w_hh, dtype)                                            # [4H, H]
         d_gates = torch.empty_like(gates)                                       # [T, B, 4H]
-        d_h = d_h_last.clone() if d_h_last is not None else h0.new_zeros(h0.shape)
+        d_h_next = d_h_last if d_h_last is not None else h0.new_zeros(h0.shape)   # into h_t from t+1
         d_c = d_c_last.clone() if d_c_last is not None else c0.new_zeros(c0.shape)
         for t in reversed(range(steps)):
-            if d_out is not None:
-                d_h += d_out[t]
+            d_h = d_h_next if d_out is None else d_out[t] + d_h_next             # fp32 [B, H]
             i, f, g, o = gates[t].chunk(4, dim=1)
             tc = tanh_cells[t]
             c_prev = cells[t - 1] if t > 0 else c0
@@ -81,8 +82,7 @@ class _LSTMLayer(torch.autograd.Function):
             torch.mul(d_c, c_prev, out=df).mul_(f).mul_(1 - f)
             torch.mul(d_c, i, out=dg).mul_(1 - g * g)
             d_c.mul_(f)                                                         # to c_{t-1}
-            d_h = torch.mm(_low(d_gates[t], dtype), w_hh_low)
-            d_h = d_h.float() if dtype is not None else d_h                     # to h_{t-1}
+            d_h_next = torch.mm(_low(d_gates[t], dtype), w_hh_low)             # to h_{t-1} (gemm dtype)
         flat = d_gates.view(steps * batch, 4 * hidden)                          # [T*B, 4H]
         flat_low = _low(flat, dtype)
         d_x = _mm(flat_low, w_ih, dtype).view(x.shape)                          # [T, B, I]
@@ -90,7 +90,7 @@ class _LSTMLayer(torch.autograd.Function):
         h_prev = torch.cat([h0[None], out[:-1]]).view(steps * batch, hidden)    # [T*B, H]
         d_w_hh = _mm(flat_low.t(), h_prev, dtype)                               # [4H, H]
         d_b = flat.sum(dim=0)                                                   # [4H]
-        return d_x, d_h, d_c, d_w_ih, d_w_hh, d_b, d_b.clone(), None
+        return d_x, d_h_next.float(), d_c, d_w_ih, d_w_hh, d_b, d_b.clone(), None
 
 
 def lstm_layer_bptt(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,

@@ -55,11 +55,10 @@ class LSTMLM(SequenceModel):
         impl = getattr(hp, "lstm_impl", "fused")
         if impl not in LSTM_IMPLS:
             raise LSTMImplError(f"unknown lstm_impl {impl!r}; choose one of {sorted(LSTM_IMPLS)}")
-        if getattr(hp, "ce_gemm_dtype", "fp32") not in _GEMM_DTYPES:
-            raise ValueError(f"unknown ce_gemm_dtype {hp.ce_gemm_dtype!r}; choose one of {list(_GEMM_DTYPES)}")
+        for field in ("ce_gemm_dtype", "lstm_gemm_dtype"):
+            if getattr(hp, field, "fp32") not in _GEMM_DTYPES:
+                raise ValueError(f"unknown {field} {getattr(hp, field)!r}; choose one of {list(_GEMM_DTYPES)}")
         lstm_dtype = getattr(hp, "lstm_gemm_dtype", "fp32")
-        if lstm_dtype not in _GEMM_DTYPES:
-            raise ValueError(f"unknown lstm_gemm_dtype {lstm_dtype!r}; choose one of {list(_GEMM_DTYPES)}")
         if lstm_dtype != "fp32" and impl != "bptt":
             raise ValueError(f"lstm_gemm_dtype={lstm_dtype} needs lstm_impl=bptt (got lstm_impl={impl}); "
                              f"for nn.LSTM use the strategy's precision=bf16 instead")
@@ -95,9 +94,8 @@ class LSTMLM(SequenceModel):
         drop = self.hp.dropout
         x = F.dropout(self.embedding(inputs.t()), drop, self.training)   # [T, B, H]
         impl = getattr(self.hp, "lstm_impl", "fused")
-        low = _GEMM_DTYPES[getattr(self.hp, "lstm_gemm_dtype", "fp32")] if self.training else None
         y, new_state = run_lstm(impl, self.rnn, x, state, dropout=drop, training=self.training,
-                                gemm_dtype=low)
+                                gemm_dtype=self._gemm_dtype("lstm_gemm_dtype"))
         return F.dropout(y, drop, self.training), new_state              # [T, B, H]
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, LSTMState]:
@@ -105,9 +103,9 @@ class LSTMLM(SequenceModel):
         return self.output(y).transpose(0, 1), new_state                  # [B, T, V]
 
     # -- loss ----------------------------------------------------------------
-    def _ce_gemm_dtype(self) -> torch.dtype | None:
+    def _gemm_dtype(self, field: str) -> torch.dtype | None:
         """bf16 GEMM operands only while training: evaluation metrics stay full fp32."""
-        return _GEMM_DTYPES[getattr(self.hp, "ce_gemm_dtype", "fp32")] if self.training else None
+        return _GEMM_DTYPES[getattr(self.hp, field, "fp32")] if self.training else None
 
     def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:
         targets = batch["targets"]                                       # [B, T]
@@ -118,7 +116,7 @@ class LSTMLM(SequenceModel):
                                        self.output.bias, flat_targets,
                                        ignore_index=self.spec.pad_id,
                                        chunk_rows=getattr(self.hp, "ce_chunk_rows", 0) or None,
-                                       gemm_dtype=self._ce_gemm_dtype())
+                                       gemm_dtype=self._gemm_dtype("ce_gemm_dtype"))
             pad = self.spec.pad_id
             tokens = (flat_targets != pad).sum() if pad >= 0 else count(flat_targets.numel(), targets)
             stats = {"nll_sum": nll.detach(), "tokens": tokens, "examples": count(targets.shape[0], targets)}

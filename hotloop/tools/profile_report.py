@@ -104,8 +104,8 @@ class ProfileReport:
         lines = [f"{total:.2f} per step ({parts}); the trainer itself needs "
                  f"{1 / self.strategy.sync_every:.2f} (sync_every={self.strategy.sync_every})"]
         if self.syncs_per_step.get("optimizer", 0) and self.device == "cpu":
-            lines.append("optimizer: the per-tensor optimizer loop reads its step counters with .item() "
-                         "(cheap on CPU; no device to wait for)")
+            lines.append("optimizer: host reads in the update (the clip coefficient, a per-tensor "
+                         "optimizer's step counters) are cheap on CPU; no device to wait for")
         return lines
 
     def text(self) -> str:

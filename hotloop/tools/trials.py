@@ -24,10 +24,10 @@ from ..engine.strategy import Strategy, StrategyError, validate_for_model
 from ..hparams import HParams
 from ..optim import build_optimizer, sparse_gradient_modules
 from ..problems.base import Batch
-from .isolation import applied_strategy
+from .isolation import applied_strategy, restore_rng, snapshot_rng
 from .model_facts import initial_state_for
 
-__all__ = ["Budget", "Trial", "TrialRunner", "MIN_MEASURED", "rng_snapshot", "rng_restore"]
+__all__ = ["Budget", "Trial", "TrialRunner", "MIN_MEASURED"]
 
 MIN_MEASURED = 3        # measured steps a candidate needs to be compared
 
@@ -79,25 +79,11 @@ class Trial:
         return self.status == "ok" and bool(self.step_times)
 
 
-def rng_snapshot(device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-    """The global random state a training step draws from (CPU, plus CUDA on a CUDA device)."""
-    cuda = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def rng_restore(snapshot: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
-    cpu, cuda = snapshot
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-
-
 class _CandidateRun:
     """A candidate's private model copy, optimizer, compiled step, stream position and RNG stream."""
 
     def __init__(self, pristine: nn.Module, hp: HParams, strategy: Strategy,
-                 device: torch.device, first_batch: Batch,
-                 rng: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+                 device: torch.device, first_batch: Batch, rng: dict) -> None:
         self.rng = rng
         self.model = copy.deepcopy(pristine).train()
         if strategy.channels_last:
@@ -125,7 +111,7 @@ class TrialRunner:
         self.warmup = warmup
         self.accum = max(1, hp.accum_steps)
         self.step_calls = 0                  # every step run by this runner (the budget test counts these)
-        self.rng_start = rng_snapshot(device)  # every candidate's random stream starts here
+        self.rng_start = snapshot_rng()       # every candidate's random streams start here
 
     def prepare(self, trial: Trial) -> bool:
         """Validate and build a candidate; False (with ``trial.status`` set) if it cannot run."""
@@ -154,12 +140,12 @@ class TrialRunner:
         self.step_calls += 1
         try:
             with applied_strategy(trial.strategy, self.device):
-                rng_restore(run.rng)
+                restore_rng(run.rng)
                 start = time.perf_counter()
                 result = run.step(micro, run.state)
                 loss = float(result.loss)        # host read: the step is complete when timed
                 seconds = time.perf_counter() - start
-                run.rng = rng_snapshot(self.device)
+                run.rng = snapshot_rng()
         except Exception as exc:  # a candidate that crashes is reported, never chosen
             trial.status = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             trial.runner = None

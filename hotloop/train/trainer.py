@@ -70,8 +70,9 @@ def resolve_strategy(strategy: Strategy | str, *, log: Callable[[str], None], **
             raise
         log("auto strategy: hotloop.tools.autotune is not available; using the default Strategy()")
         return Strategy()
-    if "log" in inspect.signature(auto_strategy).parameters:
-        autotune_args = {**autotune_args, "log": log}
+    accepted = inspect.signature(auto_strategy).parameters   # a replaced autotuner may take fewer options
+    optional = {"log": log, "planned_seconds": autotune_args.pop("planned_seconds", None)}
+    autotune_args.update({k: v for k, v in optional.items() if k in accepted})
     chosen = auto_strategy(**autotune_args)
     if not isinstance(chosen, Strategy):
         raise StrategyError(f"auto_strategy returned {type(chosen).__name__}, not a Strategy")
@@ -133,7 +134,7 @@ class Trainer:
         planned = self.hp.max_steps or self.hp.max_epochs * (self.steps_per_epoch or 0)
         self.strategy = resolve_strategy(strategy, log=self.notify, model=self.model, problem=problem,
                                          hp=self.hp, device=self.device, planned_steps=planned,
-                                         **({"planned_seconds": max_time} if max_time else {}))
+                                         planned_seconds=max_time)
         if log_every is not None:
             self.strategy = self.strategy.replace(sync_every=log_every)
         self.strategy.validate(self.device)

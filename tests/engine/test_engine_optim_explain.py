@@ -7,7 +7,7 @@ import torch
 from hotloop.engine import Strategy
 from hotloop.engine.cases import model_case
 from hotloop.engine.explain import main as explain_main
-from hotloop.engine.parity import ParityCase, check_parity
+from hotloop.engine.parity import check_parity
 from hotloop.hparams import HParams
 from hotloop.optim import build_optimizer, sparse_gradient_modules
 

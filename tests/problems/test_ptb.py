@@ -1,7 +1,6 @@
 """PTB word-level LM problem: datagen, vocabulary, counts, windows, resume, checksums, download."""
 from __future__ import annotations
 
-import collections
 import shutil
 import tarfile
 from pathlib import Path
