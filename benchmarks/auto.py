@@ -1,4 +1,4 @@
-"""Is ``strategy="auto"`` as good as an exhaustive sweep? (issue #7)
+"""Is ``strategy="auto"`` as good as an exhaustive sweep?
 
 For every registered model (with a small matching problem / hparams set) this
 runs, in ONE process:
@@ -17,7 +17,9 @@ is fed prepared batches. ``backend=inductor`` is left out of the grid (its
 compile takes minutes on 2 shared cores) and auto admits it only when 5% of
 the run can pay for that compile.
 
-    nice -n 10 python benchmarks/auto.py [--json FILE] [--steps N] [--models a,b]
+    HOTLOOP_RAW_ROOT=DIR python benchmarks/auto.py [--json FILE] [--steps N] [--models a,b]
+
+(``DIR`` holds ``ptb/``: the raw-data root; ``--raw-root DIR`` does the same.)
 
 Ratios: ``auto_vs_best = best median / auto median`` (goal >= 0.95),
 ``auto_vs_eager = eager median / auto median`` (goal >= 1),
@@ -39,7 +41,7 @@ import torch  # noqa: E402
 from hotloop.engine.strategy import Strategy, StrategyError, validate_for_model  # noqa: E402
 from hotloop.registry import models  # noqa: E402
 from hotloop.tools.autotune import read_batches, tune  # noqa: E402
-from hotloop.tools.cli_common import planned_steps  # noqa: E402
+from hotloop.train.plan import planned_steps  # noqa: E402
 from hotloop.tools.hardware import detect_hardware  # noqa: E402
 from hotloop.tools.proposals import baseline_strategy  # noqa: E402
 from hotloop.tools.trials import Trial, TrialRunner  # noqa: E402
@@ -99,11 +101,7 @@ def sweep(run: Any, contenders: list[Trial], steps: int, warmup: int) -> None:
 def bench_model(name: str, steps: int, warmup: int, log: Any) -> dict[str, Any]:
     from hotloop.train.build import build_run
     problem, hparams = CONFIGS[name]
-    try:
-        run = build_run(problem, name, hparams)
-    except Exception as exc:  # noqa: BLE001 - missing data / optional dependency: skip with a note
-        return {"model": name, "problem": problem, "hparams": hparams,
-                "skipped": f"{type(exc).__name__}: {exc}"}
+    run = build_run(problem, name, hparams)   # missing data is an error, not a skip
     planned = planned_steps(run.problem, run.hp) or 1000
     report = tune(run.model, run.problem, run.hp, "cpu", planned, cache=False, log=lambda line: None)
     tune_s = report.tune_seconds   # excludes the one-time torch._dynamo import every run pays anyway
@@ -142,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="measured steps per contender")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--models", default=None, help="comma-separated subset (default: all registered)")
+    parser.add_argument("--raw-root", default=None, metavar="DIR", help="raw-data root (HOTLOOP_RAW_ROOT)")
     args = parser.parse_args(argv)
+    if args.raw_root:
+        import os
+        os.environ["HOTLOOP_RAW_ROOT"] = os.path.abspath(args.raw_root)
     names = args.models.split(",") if args.models else models.names()
     threads = torch.get_num_threads()
     print(f"hotloop benchmarks/auto.py: torch {torch.__version__}, {threads} intra-op threads by default, "

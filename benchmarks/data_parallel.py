@@ -54,20 +54,14 @@ class Runner:
     def __init__(self, workload: dict[str, Any], ctx: Any) -> None:
         import torch
 
-        from hotloop.engine.step import compile_step
+        from hotloop.engine.build import build_step
         from hotloop.engine.strategy import Strategy
-        from hotloop.optim import build_optimizer
         torch.manual_seed(0)
         hp, problem = workload["hp"], workload["problem"]
         self.spec = problem.spec(hp)
         self.model = workload["model_cls"](hp, self.spec)
-        optimizer = build_optimizer(self.model.parameters(), hp)
-        no_sync = None
-        if ctx is not None:
-            self.model, optimizer, no_sync = ctx.wrap(self.model, optimizer)
-        self.optimizer = optimizer
-        self.step_fn = compile_step(self.model, None, optimizer, Strategy(),
-                                    max_grad_norm=hp.max_grad_norm, no_sync=no_sync)
+        built = build_step(self.model, hp, Strategy(), wrap=ctx.wrap if ctx is not None else None)
+        self.model, self.optimizer, self.step_fn = built.model, built.optimizer, built.step
         reader = problem.reader("train", hp)
         self.reader = ctx.shard_reader(reader) if ctx is not None else reader
         self.rows = hp.batch_size // (ctx.world_size if ctx is not None else 1)
@@ -118,7 +112,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from hotloop.parallel import DistContext, optimizer_state_bytes
+    from hotloop.parallel import ProcessGroupContext, optimizer_state_bytes
     from hotloop.parallel.group import init_process_group
     from hotloop.parallel.launch import worker_entry
 
@@ -132,8 +126,8 @@ def worker(args: argparse.Namespace) -> None:
                 work["problem"].prepare()
             dist.barrier()
             runners = {"single": Runner(work, None) if rank == 0 else None,
-                       "allreduce": Runner(work, DistContext("allreduce", args.bucket_mb)),
-                       "reduce": Runner(work, DistContext("reduce", args.bucket_mb))}
+                       "allreduce": Runner(work, ProcessGroupContext("allreduce", args.bucket_mb)),
+                       "reduce": Runner(work, ProcessGroupContext("reduce", args.bucket_mb))}
             times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
             idle_cpu: list[float] = []
             names = list(CONTENDERS)
@@ -156,7 +150,7 @@ def worker(args: argparse.Namespace) -> None:
                            if runners[key] is not None else 0 for c, (key, _) in CONTENDERS.items()}
             # the same measurement with Adam (2 state tensors per parameter), whatever the workload uses
             adam = {**work, "hp": work["hp"].replace(optimizer="adam")}
-            for key, ctx in (("single", None), ("reduce", DistContext("reduce", args.bucket_mb))):
+            for key, ctx in (("single", None), ("reduce", ProcessGroupContext("reduce", args.bucket_mb))):
                 if ctx is not None or rank == 0:
                     probe = Runner(adam, ctx)
                     probe.run(1)

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from hotloop.builtin import declare_builtins
-from hotloop.engine.step import compile_step
-from hotloop.engine.strategy import Strategy, parse_strategy
+from hotloop.engine.build import build_step
+from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams, get_hparams
 from hotloop.registry import models, problems
 
@@ -130,8 +130,8 @@ class RungRunner:
         self.rng = torch.get_rng_state()  # own dropout stream: every rung draws the same masks
         self.step_fn = None
         if rung.strategy is not None:
-            self.step_fn = compile_step(self.model, None, self.optimizer, rung.strategy,
-                                        max_grad_norm=self.hp.max_grad_norm)
+            built = build_step(self.model, self.hp, rung.strategy)
+            self.step_fn, self.optimizer = built.step, built.optimizer
 
     # -- the user-style step (rungs 0-9) --------------------------------------
     def _plain_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,21 +220,19 @@ def hotloop_default_strategy(hp: HParams, problem: Any, mode: str, threads: int)
     """The strategy ``hotloop train`` would use: ``auto`` (tuned, timed) or a fixed one."""
     start = time.perf_counter()
     if mode == "auto":
-        from hotloop.train.trainer import resolve_strategy
+        from hotloop.train.plan import auto_strategy
         torch.manual_seed(hp.seed)
         model = models.get("lstm_lm")(hp, problem.spec(hp))
-        strategy = resolve_strategy("auto", log=lambda m: print("  [auto]", m), model=model,
-                                    problem=problem, hp=hp, device=torch.device("cpu"),
-                                    planned_steps=hp.max_epochs * len(problem.reader("train", hp)))
+        strategy = auto_strategy(model, problem, hp, "cpu", log=lambda m: print("  [auto]", m))
         return strategy, time.perf_counter() - start, "auto"
-    strategy = parse_strategy(Strategy(intra_op_threads=threads), mode or None)
+    strategy = Strategy.parse(mode or None, Strategy(intra_op_threads=threads))
     return strategy, 0.0, "fixed"
 
 
 def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads: int,
                eval_batches: int, strategy_mode: str, with_compile: bool, only: str = "",
                extra_strategy: str = "", profile_steps: int = 0,
-               data_dir: str = "/work/runs/ptb_data", raw_dir: str = "../shared/data/ptb") -> dict[str, Any]:
+               data_dir: str | None = None, raw_dir: str | None = None) -> dict[str, Any]:
     declare_builtins()
     hp = get_hparams(CONFIGS[config])
     problem = problems.get("ptb_lm")(data_dir=data_dir, raw_dir=raw_dir)
@@ -242,7 +240,7 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
     default_threads = torch.get_num_threads()
     strategy, tune_s, how = hotloop_default_strategy(hp, problem, strategy_mode, threads)
     print(f"hotloop default strategy ({how}, {tune_s:.1f}s): {strategy}")
-    extra = parse_strategy(None, extra_strategy) if extra_strategy else None
+    extra = Strategy.parse(extra_strategy) if extra_strategy else None
     rungs = ladder_rungs(threads, strategy, with_compile, extra)
     if only:
         keep = [s.strip() for s in only.split(",")]

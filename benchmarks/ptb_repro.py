@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from hotloop.builtin import declare_builtins
-from hotloop.engine.step import compile_step
-from hotloop.engine.strategy import parse_strategy
+from hotloop.engine.build import build_step
+from hotloop.engine.strategy import Strategy
 from hotloop.hparams import get_hparams
-from hotloop.optim import build_optimizer, build_schedule
+from hotloop.optim import build_schedule
 from hotloop.registry import models, problems
 
 __all__ = ["evaluate", "plot_log", "main"]
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hparams_overrides", default="")
     parser.add_argument("--strategy", default="intra_op_threads=2,inter_op_threads=1,sync_every=100")
     parser.add_argument("--out", required=True, help="output dir (log.jsonl, model.safetensors)")
-    parser.add_argument("--data_dir", default="/work/runs/ptb_data")
-    parser.add_argument("--raw_dir", default="../shared/data/ptb")
+    parser.add_argument("--data_dir", default=None, help="default: $HOTLOOP_DATA_DIR/ptb_lm")
+    parser.add_argument("--raw_dir", default=None, help="default: $HOTLOOP_RAW_ROOT/ptb")
     parser.add_argument("--max_epochs", type=int, default=0, help="stop early (0 = hparams)")
     parser.add_argument("--max_steps_per_epoch", type=int, default=0)
     parser.add_argument("--plot", default="",
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
 
     declare_builtins()
     hp = get_hparams(args.hparams, args.hparams_overrides or None)
-    strategy = parse_strategy(None, args.strategy).validate("cpu")
+    strategy = Strategy.parse(args.strategy).validate("cpu")
     if strategy.intra_op_threads:
         torch.set_num_threads(strategy.intra_op_threads)
     if strategy.inter_op_threads:
@@ -130,11 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     problem.prepare()
     spec = problem.spec(hp)
     model = models.get("lstm_lm")(hp, spec)
-    optimizer = build_optimizer(model.parameters(), hp, fused=strategy.fused_optimizer)
     train_reader = problem.reader("train", hp)
     steps_per_epoch = len(train_reader)
     schedule = build_schedule(hp, steps_per_epoch)
-    step_fn = compile_step(model, None, optimizer, strategy, max_grad_norm=hp.max_grad_norm)
+    built = build_step(model, hp, strategy)
+    step_fn, optimizer = built.step, built.optimizer
     emit(event="start", hparams=hp.to_dict(), strategy=strategy.to_dict(),
          threads=torch.get_num_threads(), steps_per_epoch=steps_per_epoch)
 

@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 import hotloop  # noqa: F401 - declares registry names
-from hotloop.engine import Strategy, compile_step
-from hotloop.engine.cases import CaseUnavailable, model_case
-from hotloop.engine.parity import ParityCase, make_optimizer
+from hotloop.engine import Strategy, build_step
+from hotloop.hparams import HParams
+from hotloop.testing import MissingCaseError, model_case
+from hotloop.engine.parity import ParityCase
 from hotloop.models.base import LossOutput
 
 __all__ = ["CONTENDERS", "main", "run_benchmark"]
@@ -80,13 +81,20 @@ def _case(model: str, steps: int) -> Callable[[], ParityCase]:
     return model_case(model, "bench", steps=steps)
 
 
+def run_steps_builder(case: ParityCase, strategy: Strategy):
+    """The Trainer's step for ``case`` (hparams or an optimizer factory) under ``strategy``."""
+    hp = case.optimizer if isinstance(case.optimizer, HParams) else HParams()
+    factory = None if isinstance(case.optimizer, HParams) else case.optimizer
+    return build_step(case.model, hp, strategy, loss_fn=case.loss_fn, optimizer=factory,
+                      max_grad_norm=case.max_grad_norm).step
+
+
 def run_benchmark(model: str, contenders: dict[str, Strategy], rounds: int, warmup: int) -> list[dict]:
     build = _case(model, steps=4)
     runners = {}
     for label, strategy in contenders.items():
         case = build()
-        optimizer = make_optimizer(case, strategy.fused_optimizer)
-        step = compile_step(case.model, case.loss_fn, optimizer, strategy, max_grad_norm=case.max_grad_norm)
+        step = run_steps_builder(case, strategy)
         runners[label] = [step, case, case.state]
     batches = [b if isinstance(b, list) else [b] for b in build().batches]
     times: dict[str, list[float]] = {label: [] for label in runners}
@@ -136,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.model:
         try:
             rows += run_benchmark(model, contenders, args.rounds, args.warmup)
-        except CaseUnavailable as exc:
+        except MissingCaseError as exc:
             print(f"skip {model}: {exc}", file=sys.stderr)
     threads = torch.get_num_threads()
     print(f"intra-op threads: {threads}; parallel executor workers: 2; rounds: {args.rounds} (interleaved, medians)")

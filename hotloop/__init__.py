@@ -12,5 +12,17 @@ from .registry import Registry, RegistryError, import_user_module
 declare_builtins()
 
 __version__ = "0.1.0"
-__all__ = ["HParams", "Registry", "RegistryError", "apply_overrides", "get_hparams",
-           "import_user_module", "registry", "__version__"]
+__all__ = ["HParams", "Registry", "RegistryError", "Strategy", "Trainer", "apply_overrides", "auto_strategy",
+           "build_run", "get_hparams", "import_user_module", "load_model", "registry", "__version__"]
+
+#: names imported on first use (they pull in torch and the engine)
+_LAZY = {"Trainer": "hotloop.train.trainer", "Strategy": "hotloop.engine.strategy",
+         "auto_strategy": "hotloop.train.plan", "build_run": "hotloop.train.build",
+         "load_model": "hotloop.export"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hotloop' has no attribute {name!r}")

@@ -18,13 +18,15 @@ import typing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .errors import UserError
+
 __all__ = ["HParams", "HParamsError", "apply_overrides", "parse_overrides",
            "hparams_to_dict", "hparams_from_dict", "get_hparams"]
 
 H = TypeVar("H", bound="HParams")
 
 
-class HParamsError(ValueError):
+class HParamsError(UserError, ValueError):
     """A bad override string, unknown key or wrong type."""
 
 

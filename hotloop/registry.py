@@ -6,6 +6,8 @@ path so that its registrations become visible to the CLI.
 """
 from __future__ import annotations
 
+from .errors import UserError
+
 import difflib
 import importlib
 import importlib.util
@@ -16,12 +18,16 @@ from typing import Callable, Generic, Iterator, TypeVar
 __all__ = [
     "Registry", "RegistryError", "problems", "models", "hparams_sets",
     "optimizers", "lr_schedules", "ALL_REGISTRIES", "import_user_module",
+    "registered_name", "REGISTERED_NAME",
 ]
 
 T = TypeVar("T")
 
+#: the attribute :meth:`Registry.add` sets on a registered class or function
+REGISTERED_NAME = "registered_name"
 
-class RegistryError(KeyError):
+
+class RegistryError(UserError, KeyError):
     """Unknown or duplicate registry name. ``str()`` is a readable message."""
 
     def __str__(self) -> str:  # KeyError would quote the message
@@ -60,16 +66,16 @@ class Registry(Generic[T]):
         return deco
 
     def add(self, name: str, obj: T) -> None:
+        """Register ``obj`` under ``name`` and record the name on it (see :func:`registered_name`)."""
         if not name or not isinstance(name, str):
             raise RegistryError(f"{self.kind}: name must be a non-empty string, got {name!r}")
         existing = self._items.get(name)
-        if isinstance(existing, _Lazy) and existing.module == getattr(obj, "__module__", None):
-            self._items[name] = obj  # the lazy target's module is registering itself
-            return
-        if existing is not None:
+        if existing is not None and not (isinstance(existing, _Lazy)
+                                         and existing.module == getattr(obj, "__module__", None)):
             raise RegistryError(f"{self.kind} {name!r} is already registered "
                                 f"(by {_origin(self._items[name])}); pick another name")
-        self._items[name] = obj
+        self._items[name] = obj  # a lazy entry is replaced when its module registers itself
+        _record_name(obj, name)
 
     def add_lazy(self, name: str, target: str) -> None:
         """Declare ``name`` as ``"package.module:attr"``, imported on first ``get``."""
@@ -86,6 +92,7 @@ class Registry(Generic[T]):
             obj = item.resolve()
             if isinstance(self._items.get(name), _Lazy):  # module did not register itself
                 self._items[name] = obj
+                _record_name(obj, name)
             item = self._items[name]
         return item  # type: ignore[return-value]
 
@@ -111,7 +118,36 @@ class Registry(Generic[T]):
 
     def unregister(self, name: str) -> None:
         """Remove a name (used by tests and by re-importing user modules)."""
-        self._items.pop(name, None)
+        obj = self._items.pop(name, None)
+        if obj is not None and registered_name(obj) == name:
+            try:
+                delattr(obj, REGISTERED_NAME)
+            except (AttributeError, TypeError):
+                pass
+
+
+def registered_name(obj: object) -> str | None:
+    """The name ``obj`` was first registered under, or None.
+
+    Only the object's own attribute counts: an unregistered subclass of a
+    registered class has no registered name of its own.
+    """
+    try:
+        own = vars(obj)
+    except TypeError:  # no __dict__ (a builtin, a slotted instance)
+        return None
+    name = own.get(REGISTERED_NAME)
+    return name if isinstance(name, str) else None
+
+
+def _record_name(obj: object, name: str) -> None:
+    """Set ``obj.registered_name`` unless it already has one (an alias keeps the first name)."""
+    if registered_name(obj) is not None:
+        return
+    try:
+        setattr(obj, REGISTERED_NAME, name)
+    except (AttributeError, TypeError):  # builtins and slotted objects cannot carry it
+        pass
 
 
 def _origin(obj: object) -> str:

@@ -161,19 +161,22 @@ def test_incompatible_checkpoint_on_resume(capsys, tmp_path):
     assert_one_line_error(code, err, "does not fit this model", "step-00000002.ckpt")
 
 
-def test_missing_external_command_is_reported(capsys, monkeypatch):
-    monkeypatch.setitem(cli.EXTERNAL_COMMANDS, "frobnicate", "hotloop.tools.no_such_tool_xyz:main")
+def test_broken_plugin_command_is_reported(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_plugins", lambda: {"frobnicate": "hotloop.tools.no_such_tool_xyz"})
     code, _, err = run(capsys, "frobnicate", "--x")
-    assert_one_line_error(code, err, "'frobnicate' is not available", "hotloop.tools.no_such_tool_xyz")
+    assert_one_line_error(code, err, "'frobnicate'", "hotloop.tools.no_such_tool_xyz", "failed to import")
 
 
-def test_external_command_receives_its_arguments(capsys, monkeypatch, tmp_path):
+def test_plugin_command_from_an_entry_point_receives_its_arguments(capsys, monkeypatch, tmp_path):
     mod = tmp_path / f"ext_cmd_{uuid.uuid4().hex[:6]}.py"
-    mod.write_text("def main(argv):\n    print('got', argv)\n    return 3\n")
+    mod.write_text("NAME = 'extcmd'\nHELP = 'a plugin'\n"
+                   "def add_arguments(p):\n    p.add_argument('--a')\n"
+                   "def run(args):\n    print('got', args.a)\n    return 3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(cli.EXTERNAL_COMMANDS, "extcmd", f"{mod.stem}:main")
+    monkeypatch.setattr(cli, "_plugins", lambda: {"extcmd": mod.stem})
     code, out, _ = run(capsys, "extcmd", "--a", "1")
-    assert code == 3 and "got ['--a', '1']" in out
+    assert code == 3 and "got 1" in out
+    assert "extcmd" in cli.command_names()
 
 
 def test_strategy_json_file_and_override(capsys, tmp_path):

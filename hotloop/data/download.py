@@ -94,8 +94,12 @@ def default_data_dir(problem: str) -> Path:
     return base / problem
 
 
-def default_raw_dir(problem: str) -> Path:
-    """``$HOTLOOP_RAW_DIR/<problem>`` or ``~/.cache/hotloop/raw/<problem>`` (downloads land here)."""
-    root = os.environ.get("HOTLOOP_RAW_DIR")
+def default_raw_dir(folder: str) -> Path:
+    """``$HOTLOOP_RAW_ROOT/<folder>`` or ``~/.cache/hotloop/raw/<folder>`` (downloads land here).
+
+    ``folder`` is the data set's folder (``ptb``, ``multi30k``); ``hotloop --raw-root DIR``
+    sets ``HOTLOOP_RAW_ROOT`` for the command and its workers.
+    """
+    root = os.environ.get("HOTLOOP_RAW_ROOT")
     base = Path(root) if root else Path.home() / ".cache" / "hotloop" / "raw"
-    return base / problem
+    return base / folder

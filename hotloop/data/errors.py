@@ -1,10 +1,12 @@
 """Exceptions raised by the data layer (one clear message each)."""
 from __future__ import annotations
 
+from ..errors import UserError
+
 __all__ = ["DataError", "ChecksumError", "ReaderError", "WorkerError"]
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """Prepared or raw data is missing, corrupt, truncated or inconsistent.
 
     The message names the offending file and says how to fix it.

@@ -116,8 +116,8 @@ class Reader:
 
     def batch(self, batch_size: int, collate: Callable[[list[Any]], Any] | None = None, *,
               drop_last: bool = False, pad_id: int = 0) -> "Reader":
-        from .stages import Batch
-        return Batch(self, batch_size, collate=collate, drop_last=drop_last, pad_id=pad_id)
+        from .stages import Batched
+        return Batched(self, batch_size, collate=collate, drop_last=drop_last, pad_id=pad_id)
 
     def bucket(self, max_tokens: int, length_fn: Callable[[Any], int] | None = None, **kwargs: Any) -> "Reader":
         from .stages import Bucket

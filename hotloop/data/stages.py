@@ -9,7 +9,7 @@ import numpy as np
 from .collate import collate as default_collate
 from .reader import Reader
 
-__all__ = ["Shuffle", "Map", "Batch", "Bucket", "Repeat", "Take", "Skip", "bucket_boundaries",
+__all__ = ["Shuffle", "Map", "Batched", "Bucket", "Repeat", "Take", "Skip", "bucket_boundaries",
            "shuffle_order"]
 
 
@@ -143,7 +143,7 @@ class Map(Reader):
         super().close()
 
 
-class Batch(Reader):
+class Batched(Reader):
     """Group ``batch_size`` items and collate them (default: pad with ``pad_id`` to ``dict[str, Tensor]``)."""
 
     def __init__(self, upstream: Reader, batch_size: int, *, collate: Callable[[list[Any]], Any] | None = None,

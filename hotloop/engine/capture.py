@@ -163,8 +163,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def capture_joint(model: nn.Module, loss_fn: Callable[..., Any], batch: Batch, state: Any,
-                  scale_n: int, precision: str, passes: list[str]) -> CapturedGraph:
-    """Trace one micro-batch step (forward, loss / scale_n, grads) into a functional FX graph."""
+                  precision: str, passes: list[str]) -> CapturedGraph:
+    """Trace one micro-batch step (forward, loss, grads) into a functional FX graph."""
     device = next(model.parameters()).device
     names = [n for n, _ in model.named_parameters()]
     params = [p for _, p in model.named_parameters()]
@@ -182,7 +182,7 @@ def capture_joint(model: nn.Module, loss_fn: Callable[..., Any], batch: Batch, s
         mapping = {**dict(zip(names, p_in)), **dict(zip(buffer_names, b_in))}
         with _reparametrize_module(model, mapping), _autocast(precision, device):
             out = loss_fn(model, data, st)
-        loss = out.loss / scale_n if scale_n > 1 else out.loss
+        loss = out.loss
         wants = [i for i, p in enumerate(p_in) if p.requires_grad]
         grads = torch.autograd.grad(loss, [p_in[i] for i in wants], allow_unused=True)
         layout.used_grads = [i for i, g in zip(wants, grads) if g is not None]

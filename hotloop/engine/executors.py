@@ -18,13 +18,14 @@ Both run with autograd off (the graph already holds the backward).
 from __future__ import annotations
 
 import operator
-import queue
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import fx
+
+from .thread_pool import shared_pool
 
 __all__ = ["ExecutorError", "SerialExecutor", "ParallelExecutor", "make_executor", "is_random_op",
            "mutated_args"]
@@ -296,7 +297,7 @@ class ParallelExecutor:
         namespace = gen.compile(source, "<hotloop-parallel>")
         self.compiled = {s.index: namespace[f"s{s.index}"] for s in self.plan.steps}
         self.roots = [s.index for s in self.plan.steps if not self.plan.deps[s.index]]
-        self.pool = _shared_pool(num_threads)
+        self.pool = shared_pool(num_threads)
         self.run_lock = threading.Lock()
 
     def work(self, run: "_Run", index: int | None) -> None:
@@ -364,37 +365,6 @@ class ParallelExecutor:
             if run.error is not None:
                 raise run.error
             return self.plan.finish(env)
-
-
-class _Pool:
-    """Daemon worker threads shared by every ParallelExecutor with the same thread count."""
-
-    def __init__(self, num_threads: int) -> None:
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=self._loop, name=f"hotloop-exec-{i}", daemon=True)
-                        for i in range(num_threads)]
-        for t in self.threads:
-            t.start()
-
-    def put(self, item: tuple) -> None:
-        self.queue.put(item)
-
-    def _loop(self) -> None:
-        torch.set_grad_enabled(False)  # grad mode is thread-local
-        while True:
-            executor, run, index = self.queue.get()
-            executor.work(run, index)
-
-
-_POOLS: dict[int, _Pool] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _shared_pool(num_threads: int) -> _Pool:
-    with _POOLS_LOCK:
-        if num_threads not in _POOLS:
-            _POOLS[num_threads] = _Pool(num_threads)
-        return _POOLS[num_threads]
 
 
 def make_executor(gm: fx.GraphModule, kind: str = "serial", num_threads: int = 2) -> SerialExecutor | ParallelExecutor:

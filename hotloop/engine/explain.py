@@ -1,71 +1,39 @@
-"""``hotloop explain``: what a strategy does to one model, without training it.
+"""What a strategy does to one model, without training it (``hotloop explain``).
 
-Builds the problem's model and optimizer, applies the device flags, compiles
-the step and runs it once on one real batch, then prints the effective
-strategy, the device flags set, every graph pass with its match counts,
-captures, graph breaks and fallbacks with reasons, and memory estimates.
-Errors print one line and return a non-zero exit code.
+Builds the step the Trainer would build (:func:`hotloop.engine.build.build_step`),
+applies the device flags and runs the step once on one real batch, then prints
+the effective strategy, the device flags set, every graph pass with its match
+counts, captures, graph breaks and fallbacks with reasons, and memory estimates.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from typing import Any
 
 import torch
+from torch import nn
 
-from .strategy import Strategy, StrategyError, parse_strategy
+from ..hparams import HParams
+from ..problems.base import Batch
+from .build import build_step
+from .capture import CaptureError, capture_joint
+from .flags import apply_device_flags
+from .step import default_loss_fn
+from .strategy import Strategy
 
-__all__ = ["main", "explain", "ExplainError"]
-
-
-class ExplainError(RuntimeError):
-    """A user error for ``hotloop explain`` (one line)."""
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hotloop explain", description=__doc__.splitlines()[0])
-    p.add_argument("--problem", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--hparams", default=None, help="hparams set (default: the problem's default)")
-    p.add_argument("--override", default="", help='hparams overrides "k=v,k=v"')
-    p.add_argument("--strategy-override", default=None, help='Strategy overrides "k=v,k=v"')
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--raw-dir", default=None)
-    return p
+__all__ = ["explain"]
 
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def _build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    from ..hparams import get_hparams
-    from ..registry import models, problems
-    problem = problems.get(args.problem)(args.data_dir, args.raw_dir)
-    hp_name = args.hparams or getattr(problem, "default_hparams", "") or ""
-    if not hp_name:
-        raise ExplainError(f"problem {args.problem!r} has no default hparams set; pass --hparams")
-    hp = get_hparams(hp_name, args.override or None)
-    spec = problem.spec(hp)
-    torch.manual_seed(getattr(hp, "seed", 0))
-    model = models.get(args.model)(hp, spec)
-    batch = next(iter(problem.reader("train", hp)))
-    return problem, hp, model, batch
-
-
-def explain(args: argparse.Namespace, out: Any = None) -> None:
-    """Print the explanation for parsed ``args`` to ``out`` (default: stdout)."""
-    from ..optim import build_optimizer
-    from .capture import CaptureError, capture_joint
-    from .flags import apply_device_flags
-    from .step import compile_step, default_loss_fn
-    device = torch.device(args.device)
-    strategy = parse_strategy(Strategy(), args.strategy_override)
+def explain(model: nn.Module, hp: HParams, strategy: Strategy, batch: Batch, device: torch.device | str,
+            out: Any = None) -> None:
+    """Print what ``strategy`` does to ``model`` (one step on ``batch``) to ``out`` (default: stdout)."""
+    device = torch.device(device)
     strategy.validate(device)
-    _, hp, model, batch = _build(args)
     model.to(device)
     batch = {k: v.to(device) for k, v in batch.items()}
 
@@ -81,9 +49,9 @@ def explain(args: argparse.Namespace, out: Any = None) -> None:
     say("== device flags ==")
     for line in apply_device_flags(strategy, device).lines():
         say(f"  {line}")
-    optimizer = build_optimizer(model.parameters(), hp, fused=strategy.fused_optimizer)
-    step = compile_step(model, None, optimizer, strategy, max_grad_norm=hp.max_grad_norm)
-    state = model.initial_state(batch["inputs"].shape[0], device) if hasattr(model, "initial_state") else None
+    step = build_step(model, hp, strategy).step
+    rows = next(iter(batch.values())).shape[0]
+    state = model.initial_state(rows, device) if hasattr(model, "initial_state") else None
     step([batch], state)
     say("== step ==")
     say(f"  backend={strategy.backend} executor={strategy.executor} precision={strategy.precision}")
@@ -106,7 +74,7 @@ def explain(args: argparse.Namespace, out: Any = None) -> None:
     analysis = graphs[0] if graphs else None
     if analysis is None:
         try:
-            analysis = capture_joint(model, default_loss_fn, batch, state, 1, strategy.precision, [])
+            analysis = capture_joint(model, default_loss_fn, batch, state, strategy.precision, [])
         except CaptureError as exc:
             say(f"  activations: unknown ({exc.reason})")
     if analysis is not None:
@@ -114,23 +82,3 @@ def explain(args: argparse.Namespace, out: Any = None) -> None:
         say(f"  activations (peak live intermediates of the joint graph): "
             f"{_mb(analysis.activation_peak_bytes())}")
         say(f"  graph shape: {critical} ops on the critical path, {width:.2f} ops per level on average")
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ..registry import RegistryError
-    from ..hparams import HParamsError
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        explain(args)
-    except (ExplainError, StrategyError, RegistryError, HParamsError, FileNotFoundError, ValueError) as exc:
-        print(f"hotloop explain: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -74,7 +74,7 @@ class GraphTrainStep(TrainStep):
             return found
         self.captures += 1
         try:
-            captured = capture_joint(self.model, self.loss_fn, batch, state, n,
+            captured = capture_joint(self.model, self.micro_loss_fn(n), batch, state,
                                      self.strategy.precision, self.passes)
             executor = make_executor(captured.gm, self.strategy.executor, self.num_threads)
             found = CacheEntry(captured, executor)
@@ -107,7 +107,8 @@ class GraphTrainStep(TrainStep):
             if entry.captured is None:  # a later micro-batch has an uncapturable signature
                 return super().__call__(micro_batches, state0)  # (no param.grad was touched yet)
             try:
-                outs, state = self._run(entry, batch, state)
+                with self.phase("forward_backward"):
+                    outs, state = self._run(entry, batch, state)
             except ExecutorError as exc:
                 if entry.runs:  # a graph that already ran fine: a real error, not a capture problem
                     raise
@@ -128,6 +129,7 @@ class GraphTrainStep(TrainStep):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad + g
         assert total_loss is not None
+        total_loss = self.finish_accumulation(total_loss, stats, n)
         return StepResult(total_loss, stats, state, self.finish_step())
 
     def _run(self, entry: CacheEntry, batch: Batch, state: Any) -> tuple[list[Any], Any]:

@@ -37,14 +37,14 @@ class InductorTrainStep(TrainStep):
 
         def forward(m: nn.Module, batch: Batch, state: Any) -> tuple:
             out = loss_fn(m, batch, state)
-            return out.loss, out.stats, out.state
+            return out.loss, out.stats, out.state, out.weight
 
         self._compiled_fn = torch.compile(forward, mode=mode)
         self.loss_fn = self._compiled_loss
 
     def _compiled_loss(self, model: nn.Module, batch: Batch, state: Any) -> LossOutput:
-        loss, stats, new_state = self._compiled_fn(model, batch, state)
-        return LossOutput(loss, stats, new_state)
+        loss, stats, new_state, weight = self._compiled_fn(model, batch, state)
+        return LossOutput(loss, stats, new_state, weight=weight)
 
     def _fall_back(self, reason: str) -> None:
         self.fallback_reason = reason

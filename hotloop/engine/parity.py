@@ -22,7 +22,7 @@ from ..hparams import HParams
 from ..problems.base import Batch
 from .strategy import Strategy
 
-__all__ = ["ParityCase", "ParityResult", "check_parity", "default_tolerance", "make_optimizer", "run_steps", "REFERENCE"]
+__all__ = ["ParityCase", "ParityResult", "check_parity", "default_tolerance", "run_steps", "REFERENCE"]
 
 OptimizerFactory = Callable[[list[nn.Parameter], bool], torch.optim.Optimizer]
 
@@ -79,20 +79,14 @@ def _as_case(built: Any) -> ParityCase:
     raise TypeError("check_parity: build() must return a ParityCase or (model, optimizer, batches)")
 
 
-def make_optimizer(case: ParityCase, fused: bool) -> torch.optim.Optimizer:
-    params = [p for p in case.model.parameters() if p.requires_grad]
-    if isinstance(case.optimizer, HParams):
-        from ..optim import build_optimizer
-        return build_optimizer(params, case.optimizer, fused=fused)
-    return case.optimizer(params, fused)
-
-
 def run_steps(case: ParityCase, strategy: Strategy, steps: int) -> tuple[list[float], list[torch.Tensor], Any]:
     """Train ``steps`` steps of ``case`` under ``strategy``; return (losses, final params, step)."""
-    from .step import compile_step
+    from .build import build_step
     device = next(case.model.parameters()).device
-    optimizer = make_optimizer(case, strategy.fused_optimizer)
-    step = compile_step(case.model, case.loss_fn, optimizer, strategy, max_grad_norm=case.max_grad_norm)
+    hp = case.optimizer if isinstance(case.optimizer, HParams) else HParams()
+    factory = None if isinstance(case.optimizer, HParams) else case.optimizer
+    step = build_step(case.model, hp, strategy, loss_fn=case.loss_fn, optimizer=factory,
+                      max_grad_norm=case.max_grad_norm).step
     state, losses = case.state, []
     if len(case.batches) < steps:
         raise ValueError(f"check_parity: build() gave {len(case.batches)} batches for {steps} steps")

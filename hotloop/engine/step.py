@@ -17,10 +17,16 @@ from ..models.base import LossOutput
 from ..problems.base import Batch
 from .strategy import Strategy
 
-__all__ = ["LossFn", "StepResult", "TrainStep", "compile_step", "autocast_context", "detach_state",
-           "default_loss_fn", "wire_fused_optimizer", "clip_grad_norm"]
+__all__ = ["LossFn", "PhaseHook", "StepResult", "TrainStep", "compile_step", "autocast_context",
+           "detach_state", "default_loss_fn", "weighted_loss_fn", "wire_fused_optimizer", "clip_grad_norm",
+           "ACCUM_WEIGHT"]
 
 LossFn = Callable[[nn.Module, Batch, Any], LossOutput]
+#: ``hook(phase) -> context manager`` around each phase of a step ("forward", "backward",
+#: "forward_backward" for captured graphs, "optimizer"); the profiler times and annotates with it
+PhaseHook = Callable[[str], contextlib.AbstractContextManager]
+#: the statistic that carries a micro-batch's accumulation weight through every backend
+ACCUM_WEIGHT = "_accum_weight"
 
 
 @dataclass
@@ -52,11 +58,35 @@ def default_loss_fn(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
     return model.loss(batch, state)  # type: ignore[operator]
 
 
+def _no_phase(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def weighted_loss_fn(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` for one micro-batch of an accumulated step: the mean loss times its weight.
+
+    The weight is ``LossOutput.weight`` (what the mean is over, e.g. non-pad tokens), or 1
+    when the model gives none; it travels as the statistic :data:`ACCUM_WEIGHT` so every
+    backend (eager, captured graph, inductor) returns it. The step divides the summed
+    gradients by the summed weights, so k micro-batches give the gradient of one batch
+    of their concatenation.
+    """
+    def weighted(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
+        out = loss_fn(model, batch, state)
+        weight = out.weight if out.weight is not None else out.loss.new_ones(())
+        stats = dict(out.stats)
+        stats[ACCUM_WEIGHT] = weight
+        return LossOutput(out.loss * weight, stats, out.state, out.logits, weight)
+    return weighted
+
+
 class TrainStep:
     """Eager whole-step callable: ``step(micro_batches, state) -> StepResult``.
 
-    Gradient accumulation: pass several micro-batches; gradients are summed
-    with each micro-loss scaled by ``1 / len(micro_batches)``.
+    Gradient accumulation: pass several micro-batches; each micro-loss is weighted by
+    what its mean is over (:func:`weighted_loss_fn`) and the summed gradients are divided
+    by the total weight, on the device (no host sync). ``phase`` (a :data:`PhaseHook`)
+    wraps each phase; the default does nothing.
     """
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer,
@@ -74,38 +104,59 @@ class TrainStep:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.fallback_reason: str | None = None
         self.report: list[str] = []
+        self.phase: PhaseHook = _no_phase
+
+    def micro_loss_fn(self, n: int) -> LossFn:
+        """The loss function for a step of ``n`` micro-batches."""
+        return self.loss_fn if n == 1 else weighted_loss_fn(self.loss_fn)
 
     def __call__(self, micro_batches: Sequence[Batch], state: Any = None) -> StepResult:
         n = len(micro_batches)
+        if n == 0:
+            raise ValueError("step() needs at least one micro-batch")
+        loss_fn = self.micro_loss_fn(n)
         total_loss: Tensor | None = None
         stats: dict[str, Tensor] = {}
         for i, batch in enumerate(micro_batches):
             last = i == n - 1
             sync_ctx = self.no_sync() if (self.no_sync is not None and not last) else contextlib.nullcontext()
             with sync_ctx:
-                with autocast_context(self.strategy.precision, self.device):
-                    out = self.loss_fn(self.model, batch, state)
-                loss = out.loss / n if n > 1 else out.loss
-                if self.grad_scaler is not None:
-                    self.grad_scaler.scale(loss).backward()
-                else:
-                    loss.backward()
+                with self.phase("forward"), autocast_context(self.strategy.precision, self.device):
+                    out = loss_fn(self.model, batch, state)
+                with self.phase("backward"):
+                    if self.grad_scaler is not None:
+                        self.grad_scaler.scale(out.loss).backward()
+                    else:
+                        out.loss.backward()
             state = detach_state(out.state)
-            total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
+            total_loss = out.loss.detach() if total_loss is None else total_loss + out.loss.detach()
             for k, v in out.stats.items():
                 stats[k] = v if k not in stats else stats[k] + v
-        assert total_loss is not None, "step() needs at least one micro-batch"
+        assert total_loss is not None
+        total_loss = self.finish_accumulation(total_loss, stats, n)
         return StepResult(total_loss, stats, state, self.finish_step())
+
+    def finish_accumulation(self, total_loss: Tensor, stats: dict[str, Tensor], n: int) -> Tensor:
+        """After ``n > 1`` weighted micro-batches: divide the gradients and the loss by the total
+        weight (popped from ``stats``); returns the step's mean loss. Identity for ``n == 1``."""
+        if n == 1:
+            return total_loss
+        weight = stats.pop(ACCUM_WEIGHT).to(total_loss.dtype).clamp(min=1)   # [] on the device
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            torch._foreach_div_(grads, weight)
+        return total_loss / weight
 
     def finish_step(self) -> Tensor | None:
         """Clip, update and zero the gradients; return the pre-clip norm (when clipping)."""
-        grad_norm = self._clip()
-        if self.grad_scaler is not None:
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with self.phase("optimizer"):
+            grad_norm = self._clip()
+            if self.grad_scaler is not None:
+                self.grad_scaler.step(self.optimizer)
+                self.grad_scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
     def _clip(self) -> Tensor | None:
@@ -164,17 +215,14 @@ def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> list[
 
 def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.optim.Optimizer,
                  strategy: Strategy, **kwargs: Any) -> TrainStep:
-    """Build the whole-step callable for ``strategy``.
+    """The whole-step callable for ``strategy`` (called by :func:`hotloop.engine.build.build_step`,
+    which validates the strategy and builds the optimizer first).
 
     ``backend="eager"``: :class:`TrainStep`. ``"graph"``: the step is captured as one
     forward+backward FX graph, rewritten by hotloop's passes and run by hotloop's
     executor (``GraphTrainStep``). ``"inductor"``: the loss is ``torch.compile``d.
     Both capture backends fall back to eager, recording why in ``step.fallback_reason``.
     """
-    from .strategy import validate_for_model
-    params = [p for p in model.parameters()]
-    strategy.validate(params[0].device if params else "cpu")
-    validate_for_model(strategy, model)
     changes = wire_fused_optimizer(optimizer, strategy.fused_optimizer)
     loss_fn = loss_fn or default_loss_fn
     if strategy.channels_last:

@@ -7,17 +7,20 @@ apply to the hardware and incompatible combinations.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..hparams import HParamsError, apply_overrides
+from ..errors import UserError
+from ..hparams import HParamsError, apply_overrides, parse_overrides
 
-__all__ = ["Strategy", "StrategyError", "parse_strategy", "validate_for_model"]
+__all__ = ["Strategy", "StrategyError", "validate_for_model"]
 
 
-class StrategyError(ValueError):
+class StrategyError(UserError, ValueError):
     """A Strategy field that is invalid, or does not apply to this hardware."""
 
 
@@ -53,6 +56,39 @@ class Strategy:
 
     def replace(self, **changes: Any) -> "Strategy":
         return dataclasses.replace(self, **changes)
+
+    @staticmethod
+    def parse_overrides(text: str | None) -> dict[str, Any]:
+        """``"k=v,k=v"`` -> typed field changes; unknown fields and bad values raise StrategyError."""
+        if not text:
+            return {}
+        try:
+            keys = [key for key, _ in parse_overrides(text)]
+            parsed = apply_overrides(Strategy(), text)
+        except HParamsError as exc:
+            raise StrategyError(str(exc).replace("hparam", "strategy field")) from None
+        return {key: getattr(parsed, key) for key in keys}
+
+    @classmethod
+    def parse(cls, text: str | None, base: "Strategy | None" = None) -> "Strategy":
+        """``base`` (default ``Strategy()``) with the ``"k=v,..."`` overrides in ``text`` applied."""
+        return (base or cls()).replace(**cls.parse_overrides(text))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Strategy":
+        """A JSON object of Strategy fields (as ``run.json`` records it); same checks as overrides."""
+        path = Path(path)
+        try:
+            fields = json.loads(path.read_text())
+            if not isinstance(fields, dict):
+                raise ValueError("expected a JSON object")
+        except (OSError, ValueError) as exc:
+            raise StrategyError(f"strategy file {path}: {exc}") from None
+        as_text = ",".join(f"{k}={':'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in fields.items())
+        try:
+            return cls.parse(as_text)
+        except StrategyError as exc:
+            raise StrategyError(f"strategy file {path}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,14 +141,6 @@ class Strategy:
             raise StrategyError("strategy cuda_graphs=True is served by torch.compile's "
                                 "reduce-overhead mode: set backend=inductor")
         return self
-
-
-def parse_strategy(base: Strategy | None = None, overrides: str | None = None) -> Strategy:
-    """Apply ``"k=v,..."`` overrides to a Strategy (same syntax as hparams overrides)."""
-    try:
-        return apply_overrides(base or Strategy(), overrides)  # type: ignore[type-var]
-    except HParamsError as exc:
-        raise StrategyError(str(exc).replace("hparam", "strategy field")) from None
 
 
 def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:

@@ -14,14 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import UserError
 from ..hparams import HParams
 from ..problems.base import PAD_ID, Batch, ProblemSpec
 
 __all__ = ["LossOutput", "SequenceModel", "token_stats", "count", "ModelMismatchError"]
 
 
-class ModelMismatchError(ValueError):
-    """The model cannot serve this problem's task."""
+class ModelMismatchError(UserError, ValueError):
+    """The model cannot serve this problem's task, or cannot read these hparams."""
 
 
 @dataclass
@@ -36,6 +37,7 @@ class LossOutput:
     stats: dict[str, Tensor]
     state: Any = None
     logits: Tensor | None = field(default=None, repr=False)
+    weight: Tensor | None = None   # the count ``loss`` is a mean over (gradient accumulation weights by it)
 
 
 def count(n: int, like: Tensor) -> Tensor:
@@ -80,6 +82,8 @@ class SequenceModel(nn.Module):
     """
 
     tasks: ClassVar[tuple[str, ...]] = ("seq2seq",)
+    #: the HParams class whose fields the model reads; others are refused with a clear error
+    hparams_class: ClassVar[type[HParams]] = HParams
 
     def __init__(self, hp: HParams, spec: ProblemSpec) -> None:
         super().__init__()
@@ -87,6 +91,10 @@ class SequenceModel(nn.Module):
             raise ModelMismatchError(
                 f"model {type(self).__name__} serves tasks {list(self.tasks)}, "
                 f"but the problem's task is {spec.task!r}")
+        if not isinstance(hp, self.hparams_class):
+            raise ModelMismatchError(
+                f"model {type(self).__name__} reads {self.hparams_class.__name__} fields, but the hparams "
+                f"are {type(hp).__name__}; pick an hparams set that returns {self.hparams_class.__name__}")
         self.hp = hp
         self.spec = spec
 
@@ -103,7 +111,7 @@ class SequenceModel(nn.Module):
         loss, stats = token_stats(logits, batch["targets"], with_accuracy=with_accuracy,
                                   label_smoothing=self.hp.label_smoothing if self.training else 0.0,
                                   pad_id=self.spec.pad_id)
-        return LossOutput(loss, stats, new_state, logits)
+        return LossOutput(loss, stats, new_state, logits, weight=stats["tokens"])
 
     def init_weights(self) -> None:
         """Uniform(-init_scale, init_scale) init when ``hp.init_scale > 0``."""

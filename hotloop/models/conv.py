@@ -11,7 +11,6 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..hparams import HParams
 from ..problems.base import Batch, ProblemSpec
 from ..problems.synthetic_images import SyntheticImageHParams
 from ..registry import hparams_sets, models
@@ -24,6 +23,8 @@ _POOL = 4
 
 @dataclass(frozen=True)
 class ConvNetHParams(SyntheticImageHParams):
+    """The conv net's block widths on top of the image problem's fields (``image_channels``...)."""
+
     conv_channels: tuple[int, ...] = (32, 64, 64)   # first block stride 1, the rest stride 2
 
 
@@ -32,14 +33,16 @@ class ConvNet(SequenceModel):
     """inputs float [B, C, H, W] -> logits [B, 1, num_classes] (one "token" per example)."""
 
     tasks = ("classify",)
+    hparams_class = ConvNetHParams
+    hp: ConvNetHParams
 
-    def __init__(self, hp: HParams, spec: ProblemSpec) -> None:
+    def __init__(self, hp: ConvNetHParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
-        channels = tuple(getattr(hp, "conv_channels", (32, 64, 64)))
+        channels = hp.conv_channels
         if not channels:
             raise ValueError("conv_net: conv_channels must name at least one block")
         layers: list[nn.Module] = []
-        in_ch = getattr(hp, "image_channels", 3)
+        in_ch = hp.image_channels
         for i, out_ch in enumerate(channels):
             layers += [nn.Conv2d(in_ch, out_ch, 3, stride=1 if i == 0 else 2, padding=1), nn.ReLU()]
             in_ch = out_ch

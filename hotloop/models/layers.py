@@ -26,6 +26,13 @@ class TokenEmbedding(nn.Module):
             x = x + self.positions.weight[: ids.shape[1]]
         return self.dropout(x)
 
+    def embed_step(self, ids: Tensor, position: int) -> Tensor:
+        """ids [N] at target position ``position`` -> [N, H] (one incremental decoding step)."""
+        x = self.tokens(ids) * self.scale
+        if self.positions is not None:
+            x = x + self.positions.weight[position]
+        return self.dropout(x)
+
 
 class OutputTop(nn.Module):
     """[B, T, H] -> logits [B, T, V]."""

@@ -49,25 +49,26 @@ class LSTMLM(SequenceModel):
     """Word-level LSTM LM; carries ``(h, c)`` each ``[L, B, H]`` across batches."""
 
     tasks = ("lm",)
+    hparams_class = LSTMLMHParams
+    hp: LSTMLMHParams
 
-    def __init__(self, hp: HParams, spec: ProblemSpec) -> None:
+    def __init__(self, hp: LSTMLMHParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
-        impl = getattr(hp, "lstm_impl", "fused")
+        impl = hp.lstm_impl
         if impl not in LSTM_IMPLS:
             raise LSTMImplError(f"unknown lstm_impl {impl!r}; choose one of {sorted(LSTM_IMPLS)}")
-        for field in ("ce_gemm_dtype", "lstm_gemm_dtype"):
-            if getattr(hp, field, "fp32") not in _GEMM_DTYPES:
-                raise ValueError(f"unknown {field} {getattr(hp, field)!r}; choose one of {list(_GEMM_DTYPES)}")
-        lstm_dtype = getattr(hp, "lstm_gemm_dtype", "fp32")
-        if lstm_dtype != "fp32" and impl != "bptt":
-            raise ValueError(f"lstm_gemm_dtype={lstm_dtype} needs lstm_impl=bptt (got lstm_impl={impl}); "
+        for field, value in (("ce_gemm_dtype", hp.ce_gemm_dtype), ("lstm_gemm_dtype", hp.lstm_gemm_dtype)):
+            if value not in _GEMM_DTYPES:
+                raise ValueError(f"unknown {field} {value!r}; choose one of {list(_GEMM_DTYPES)}")
+        if hp.lstm_gemm_dtype != "fp32" and impl != "bptt":
+            raise ValueError(f"lstm_gemm_dtype={hp.lstm_gemm_dtype} needs lstm_impl=bptt (got lstm_impl={impl}); "
                              f"for nn.LSTM use the strategy's precision=bf16 instead")
         vocab, hidden = spec.target_vocab_size, hp.hidden_size
         self.embedding = nn.Embedding(vocab, hidden)
         self.rnn = nn.LSTM(hidden, hidden, hp.num_layers,
                            dropout=hp.dropout if hp.num_layers > 1 else 0.0)
         self.output = nn.Linear(hidden, vocab)
-        if getattr(hp, "tie_embeddings", False):
+        if hp.tie_embeddings:
             self.output.weight = self.embedding.weight
         self.init_weights()
 
@@ -93,9 +94,8 @@ class LSTMLM(SequenceModel):
         state = self._state_or_zeros(state, batch, inputs.device)
         drop = self.hp.dropout
         x = F.dropout(self.embedding(inputs.t()), drop, self.training)   # [T, B, H]
-        impl = getattr(self.hp, "lstm_impl", "fused")
-        y, new_state = run_lstm(impl, self.rnn, x, state, dropout=drop, training=self.training,
-                                gemm_dtype=self._gemm_dtype("lstm_gemm_dtype"))
+        y, new_state = run_lstm(self.hp.lstm_impl, self.rnn, x, state, dropout=drop, training=self.training,
+                                gemm_dtype=self._gemm_dtype(self.hp.lstm_gemm_dtype))
         return F.dropout(y, drop, self.training), new_state              # [T, B, H]
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, LSTMState]:
@@ -103,20 +103,20 @@ class LSTMLM(SequenceModel):
         return self.output(y).transpose(0, 1), new_state                  # [B, T, V]
 
     # -- loss ----------------------------------------------------------------
-    def _gemm_dtype(self, field: str) -> torch.dtype | None:
-        """bf16 GEMM operands only while training: evaluation metrics stay full fp32."""
-        return _GEMM_DTYPES[getattr(self.hp, field, "fp32")] if self.training else None
+    def _gemm_dtype(self, name: str) -> torch.dtype | None:
+        """``name`` ("fp32" | "bf16") as GEMM operand dtype, only while training: evaluation stays fp32."""
+        return _GEMM_DTYPES[name] if self.training else None
 
     def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:
         targets = batch["targets"]                                       # [B, T]
-        if getattr(self.hp, "fused_ce", False) and not with_accuracy:
+        if self.hp.fused_ce and not with_accuracy:
             y, new_state = self.hidden_states(batch["inputs"], state)    # [T, B, H]
             flat_targets = targets.t().reshape(-1)                       # [T*B], time-major
             nll = linear_cross_entropy(y.reshape(-1, y.shape[-1]), self.output.weight,
                                        self.output.bias, flat_targets,
                                        ignore_index=self.spec.pad_id,
-                                       chunk_rows=getattr(self.hp, "ce_chunk_rows", 0) or None,
-                                       gemm_dtype=self._gemm_dtype("ce_gemm_dtype"))
+                                       chunk_rows=self.hp.ce_chunk_rows or None,
+                                       gemm_dtype=self._gemm_dtype(self.hp.ce_gemm_dtype))
             pad = self.spec.pad_id
             tokens = (flat_targets != pad).sum() if pad >= 0 else count(flat_targets.numel(), targets)
             stats = {"nll_sum": nll.detach(), "tokens": tokens, "examples": count(targets.shape[0], targets)}
@@ -126,7 +126,7 @@ class LSTMLM(SequenceModel):
             mean_nll, stats = token_stats(logits, targets, with_accuracy=with_accuracy,
                                           pad_id=self.spec.pad_id)
             nll = mean_nll * stats["tokens"].clamp(min=1)
-        if getattr(self.hp, "loss_sum_over_time", False):
+        if self.hp.loss_sum_over_time:
             loss = nll / targets.shape[0]
         else:
             loss = nll / stats["tokens"].clamp(min=1)

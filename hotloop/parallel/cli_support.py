@@ -1,10 +1,12 @@
-"""What the ``hotloop`` command needs for ``--nproc N`` (kept here so the CLI edit stays small).
+"""What the ``hotloop`` command needs for ``--nproc N``.
 
 In the command's process: :func:`maybe_launch` re-runs ``python -m hotloop
 <argv without --nproc/--max-restarts>`` in N workers under
 ``torch.distributed.run`` and returns the exit code. In each worker:
-:func:`worker_context` builds the :class:`DistContext` from the torchrun
-environment, and :func:`worker_device` picks this rank's GPU.
+:func:`join_job` joins the process group (datagen and strategy planning use it),
+the run's context is then made from the planned Strategy
+(:meth:`ProcessGroupContext.for_strategy`), and :func:`worker_device` picks this
+rank's GPU.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from .errors import LaunchError, WorkerFailedError
 from .group import is_distributed_env
 from .launch import launch, strip_launch_flags
 
-__all__ = ["maybe_launch", "worker_context", "worker_device", "prepare_in_rank_order", "flag_value",
+__all__ = ["maybe_launch", "join_job", "in_worker", "worker_device", "prepare_in_rank_order", "flag_value",
            "restart_resume"]
 
 
@@ -58,19 +60,15 @@ def maybe_launch(argv: Sequence[str], stderr: Any = None) -> int | None:
     return 0
 
 
-def worker_context(strategy: Any = None, overrides: str | None = None) -> Any:
-    """A :class:`DistContext` inside a multi-process job, else None (single process).
+def in_worker() -> bool:
+    """True inside a ``torchrun`` worker (the command then trains in this process as one rank)."""
+    return is_distributed_env()
 
-    ``strategy`` may still be the string ``"auto"``; then ``data_parallel`` and
-    ``bucket_mb`` come from ``overrides`` (``--strategy-override``) when given.
-    """
-    if not is_distributed_env():
-        return None
-    from .context import DistContext
-    if isinstance(strategy, str):
-        from ..engine.strategy import Strategy, parse_strategy
-        strategy = parse_strategy(Strategy(), overrides) if overrides else None
-    return DistContext.from_env(strategy)
+
+def join_job() -> Any:
+    """Join the multi-process job; returns a :class:`ProcessGroupContext` (mode from the Strategy later)."""
+    from .context import ProcessGroupContext
+    return ProcessGroupContext.from_env()
 
 
 def worker_device(device: str) -> str:

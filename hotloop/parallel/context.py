@@ -1,4 +1,4 @@
-"""`DistContext`: the Trainer's data-parallel hook over ``torch.distributed``.
+"""`ProcessGroupContext`: the Trainer's data-parallel hook over ``torch.distributed``.
 
 Same interface as :class:`hotloop.train.context.LocalContext`:
 ``rank, world_size, is_main, wrap, shard_reader, all_reduce_stats, barrier,
@@ -29,17 +29,17 @@ from .routing import RoutedModel, route_through_ddp
 from .sharded_optimizer import ShardedOptimizer
 from .sharding import ShardedReader
 
-__all__ = ["DistContext"]
+__all__ = ["ProcessGroupContext"]
 
 log = logging.getLogger(__name__)
 
-class DistContext:
+class ProcessGroupContext:
     """One rank of a data-parallel job (the default process group must be initialised)."""
 
     def __init__(self, mode: str = "allreduce", bucket_mb: float = 25.0, *,
                  find_unused_parameters: bool = False, group: Any = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise LaunchError("torch.distributed is not initialised; use DistContext.from_env()")
+            raise LaunchError("torch.distributed is not initialised; use ProcessGroupContext.from_env()")
         if mode not in ("none", "allreduce", "reduce"):
             raise LaunchError(f"data_parallel mode {mode!r}; choose allreduce or reduce")
         self.mode = "allreduce" if mode == "none" else mode
@@ -56,12 +56,28 @@ class DistContext:
         self.owner_reduce: OwnerReduce | None = None
 
     @classmethod
-    def from_env(cls, strategy: Any = None, *, backend: str | None = None,
-                 timeout_s: float | None = None) -> "DistContext":
-        """Join the job described by ``torchrun``'s env vars; mode and bucket size from ``strategy``."""
+    def from_env(cls, mode: str = "allreduce", bucket_mb: float = 25.0, *, backend: str | None = None,
+                 timeout_s: float | None = None) -> "ProcessGroupContext":
+        """Join the job described by ``torchrun``'s env vars."""
         init_process_group(backend, timeout_s)
-        mode = getattr(strategy, "data_parallel", "allreduce")
-        return cls(mode, getattr(strategy, "bucket_mb", 25.0))
+        return cls(mode, bucket_mb)
+
+    @classmethod
+    def for_strategy(cls, strategy: Any) -> "ProcessGroupContext":
+        """A context (in the already joined job) whose mode and bucket size are ``strategy``'s."""
+        return cls(strategy.data_parallel, strategy.bucket_mb)
+
+    def broadcast_text(self, text: str | None) -> str:
+        """The main rank's ``text`` on every rank (UTF-8 bytes in a tensor; nothing is unpickled)."""
+        length = torch.zeros(1, dtype=torch.int64, device=self.device)
+        if self.is_main:
+            payload = torch.tensor(list((text or "").encode("utf-8")), dtype=torch.uint8, device=self.device)
+            length[0] = payload.numel()
+        dist.broadcast(length, src=0, group=self.group)
+        if not self.is_main:
+            payload = torch.empty(int(length[0]), dtype=torch.uint8, device=self.device)
+        dist.broadcast(payload, src=0, group=self.group)
+        return bytes(payload.cpu().tolist()).decode("utf-8")
 
     # -- model and optimizer ------------------------------------------------------------
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -74,7 +90,7 @@ class DistContext:
         gradient-accumulation micro-steps.
         """
         if self.routed is not None:
-            raise LaunchError("DistContext.wrap() was already called; use one context per model")
+            raise LaunchError("ProcessGroupContext.wrap() was already called; use one context per model")
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp_kwargs = dict(device_ids=device_ids, bucket_cap_mb=self.bucket_mb,
                           forward_sync_buffers=False, gradient_as_bucket_view=True,

@@ -1,10 +1,12 @@
 """Exceptions raised by :mod:`hotloop.parallel` (each names its cause)."""
 from __future__ import annotations
 
+from ..errors import UserError
+
 __all__ = ["ParallelError", "LaunchError", "WorkerFailedError", "ShardedStateError", "ShardingError"]
 
 
-class ParallelError(RuntimeError):
+class ParallelError(UserError, RuntimeError):
     """Base class of data-parallel errors."""
 
 

@@ -3,7 +3,7 @@
 ``hotloop train ... --nproc N`` calls :func:`launch` with ``-m hotloop train
 ...`` (without ``--nproc``): the elastic agent runs in this process, the
 workers rendezvous on the loopback address (``127.0.0.1``, a free port) and
-each builds its :class:`~hotloop.parallel.DistContext` from RANK /
+each builds its :class:`~hotloop.parallel.ProcessGroupContext` from RANK /
 WORLD_SIZE / LOCAL_RANK. When a worker dies or raises, the agent stops the
 others at once and :func:`launch` raises :class:`WorkerFailedError` naming
 the first failed rank and its error; with ``max_restarts`` the agent restarts

@@ -61,7 +61,7 @@ class RoutedModel:
     def __deepcopy__(self, memo: dict) -> "RoutedModel":
         # A copy would keep calling the original model through the original DDP wrapper.
         raise TypeError("a model wrapped for data parallel cannot be deep-copied; copy it before "
-                        "DistContext.wrap() or after DistContext.close()")
+                        "ProcessGroupContext.wrap() or after ProcessGroupContext.close()")
 
     def no_sync(self) -> Any:
         """Context manager: backward inside it accumulates gradients locally (no communication)."""

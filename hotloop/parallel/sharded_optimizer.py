@@ -181,7 +181,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._consolidated is None:
             raise ShardedStateError(
                 "a Reduce-mode optimizer holds only this rank's shard; call "
-                "DistContext.consolidate_optimizer_state(optimizer) on EVERY rank to gather it")
+                "ProcessGroupContext.consolidate_optimizer_state(optimizer) on EVERY rank to gather it")
         return self._consolidated
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]

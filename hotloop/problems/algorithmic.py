@@ -31,29 +31,59 @@ class AlgorithmicHParams(HParams):
     eval_examples: int = 1024
 
 
+class _BatchAt:
+    """``(seed, epoch, index) -> make_batch(rng)``: a picklable task for data workers."""
+
+    def __init__(self, make_batch: Any) -> None:
+        self.make_batch = make_batch
+
+    def __call__(self, key: tuple[int, int, int]) -> Batch:
+        return self.make_batch(np.random.default_rng(list(key)))
+
+
 class IndexedReader:
     """Resumable reader over ``num_batches`` batches made by ``make_batch(rng)``.
 
-    Batch ``i`` of epoch ``e`` uses ``np.random.default_rng([seed, e, i])``.
+    Batch ``i`` of epoch ``e`` uses ``np.random.default_rng([seed, e, i])``, so the
+    batches are the same with any number of ``workers`` (processes that make batches
+    ahead, in order; ``make_batch`` must then be picklable).
     """
 
-    def __init__(self, make_batch: Any, num_batches: int, seed: int) -> None:
+    def __init__(self, make_batch: Any, num_batches: int, seed: int, *, workers: int = 0) -> None:
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers}")
         self.make_batch = make_batch
         self.num_batches = num_batches
         self.seed = seed
+        self.workers = workers
         self.epoch = 0
         self.index = 0
+        self._pool: Any = None
 
     def __len__(self) -> int:
         return self.num_batches
 
     def __iter__(self) -> Iterator[Batch]:
-        while self.index < self.num_batches:
-            rng = np.random.default_rng([self.seed, self.epoch, self.index])
+        make = _BatchAt(self.make_batch)
+        keys = ((self.seed, self.epoch, i) for i in range(self.index, self.num_batches))
+        if self.workers:
+            from ..data.workers import WorkerPool
+            if self._pool is None or self._pool.broken:
+                self._pool = WorkerPool(make, self.workers)
+            batches: Iterator[Batch] = self._pool.imap(keys)
+        else:
+            batches = map(make, keys)
+        for batch in batches:
             self.index += 1
-            yield self.make_batch(rng)
+            yield batch
         self.index = 0
         self.epoch += 1
+
+    def close(self) -> None:
+        """Stop the worker processes (if any)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -64,6 +94,26 @@ class IndexedReader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+class _SequenceBatches:
+    """``rng -> batch`` of one algorithmic problem (picklable, for data workers)."""
+
+    def __init__(self, problem: "AlgorithmicProblem", a: AlgorithmicHParams, batch_size: int, max_len: int) -> None:
+        self.problem, self.a, self.batch_size, self.max_len = problem, a, batch_size, max_len
+
+    def __call__(self, rng: np.random.Generator) -> Batch:
+        a, problem, b = self.a, self.problem, self.batch_size
+        in_len, out_len = problem.input_length(self.max_len), problem.output_length(self.max_len) + 1
+        inputs = np.full((b, in_len), PAD_ID, dtype=np.int64)      # [B, S]
+        targets = np.full((b, out_len), PAD_ID, dtype=np.int64)    # [B, T]
+        lengths = rng.integers(a.min_length, self.max_len + 1, size=b)
+        for row, n in enumerate(lengths):
+            x, y = problem.sample(rng, int(n), a)
+            inputs[row, :len(x)] = x + NUM_RESERVED
+            targets[row, :len(y)] = y + NUM_RESERVED
+            targets[row, len(y)] = EOS_ID
+        return {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets)}
 
 
 class AlgorithmicProblem(Problem):
@@ -95,29 +145,17 @@ class AlgorithmicProblem(Problem):
         """Return (input symbols, target symbols) as ints in ``[0, num_symbols)``."""
         raise NotImplementedError
 
-    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None) -> IndexedReader:
+    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
+               workers: int = 0) -> IndexedReader:
         a = self._hp(hp)
         if split not in ("train", "valid", "test"):
             raise ValueError(f"unknown split {split!r}; use train, valid or test")
         max_len = a.train_length if split == "train" else a.eval_length
         examples = a.train_examples if split == "train" else a.eval_examples
-        batch_size = hp.batch_size
         split_seed = {"train": 0, "valid": 1, "test": 2}[split]
-        in_len, out_len = self.input_length(max_len), self.output_length(max_len) + 1
-
-        def make_batch(rng: np.random.Generator) -> Batch:
-            inputs = np.full((batch_size, in_len), PAD_ID, dtype=np.int64)
-            targets = np.full((batch_size, out_len), PAD_ID, dtype=np.int64)
-            lengths = rng.integers(a.min_length, max_len + 1, size=batch_size)
-            for row, n in enumerate(lengths):
-                x, y = self.sample(rng, int(n), a)
-                inputs[row, :len(x)] = x + NUM_RESERVED
-                targets[row, :len(y)] = y + NUM_RESERVED
-                targets[row, len(y)] = EOS_ID
-            return {"inputs": torch.from_numpy(inputs), "targets": torch.from_numpy(targets)}
-
-        num_batches = max(1, examples // batch_size)
-        return IndexedReader(make_batch, num_batches, seed=(a.seed + seed) * 3 + split_seed)
+        make_batch = _SequenceBatches(self, a, hp.batch_size, max_len)
+        num_batches = max(1, examples // hp.batch_size)
+        return IndexedReader(make_batch, num_batches, seed=(a.seed + seed) * 3 + split_seed, workers=workers)
 
     def decode(self, ids: Any) -> str:
         return " ".join(str(int(i) - NUM_RESERVED) for i in ids if int(i) >= NUM_RESERVED)

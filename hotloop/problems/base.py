@@ -20,8 +20,10 @@ from typing import Any, ClassVar, Iterable, Protocol
 import torch
 
 from ..hparams import HParams
+from ..registry import registered_name
 
-__all__ = ["PAD_ID", "EOS_ID", "NUM_RESERVED", "Batch", "ProblemSpec", "Problem", "BatchReader"]
+__all__ = ["PAD_ID", "EOS_ID", "NUM_RESERVED", "Batch", "ProblemSpec", "Problem", "BatchReader",
+           "open_reader"]
 
 PAD_ID = 0
 EOS_ID = 1
@@ -67,7 +69,8 @@ class Problem:
 
     @property
     def name(self) -> str:
-        return getattr(type(self), "registered_name", type(self).__name__)
+        """The name this problem's class was registered under (its class name if unregistered)."""
+        return registered_name(type(self)) or type(self).__name__
 
     def spec(self, hp: HParams) -> ProblemSpec:
         raise NotImplementedError
@@ -75,10 +78,32 @@ class Problem:
     def prepare(self) -> None:
         """Datagen: make the data ready under ``data_dir`` (idempotent). Default: nothing."""
 
-    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None) -> BatchReader:
-        """A resumable reader over ``split`` ("train", "valid" or "test")."""
+    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
+               workers: int = 0) -> BatchReader:
+        """A resumable reader over ``split`` ("train", "valid" or "test").
+
+        ``workers`` (``Strategy.num_workers``) is how many processes may make batches
+        ahead; readers with per-batch work use them, the same batches either way.
+        """
         raise NotImplementedError
 
     def decode(self, ids: Iterable[int]) -> str:
         """Turn target ids back into text (for ``hotloop decode``)."""
         return " ".join(str(i) for i in ids if i != PAD_ID)
+
+
+def open_reader(problem: Problem, split: str, hp: HParams, *, workers: int = 0, **kwargs: Any) -> BatchReader:
+    """``problem.reader(split, hp, **kwargs)``, with ``workers=`` passed when it is > 0.
+
+    A problem whose ``reader`` does not take ``workers`` still serves runs without
+    workers; asking it for workers is a clear error instead of a ``TypeError``.
+    """
+    if not workers:
+        return problem.reader(split, hp, **kwargs)
+    import inspect
+    params = inspect.signature(problem.reader).parameters
+    if "workers" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        from ..errors import UserError
+        raise UserError(f"strategy num_workers={workers}: problem {problem.name!r}'s reader() takes no "
+                        f"workers= argument; set num_workers=0 or add it to the reader")
+    return problem.reader(split, hp, workers=workers, **kwargs)

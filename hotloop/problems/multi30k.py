@@ -23,6 +23,7 @@ from ..data.reader import Reader
 from ..data.shards import ShardWriter
 from ..data.sources import from_shards
 from ..hparams import HParams
+from ..models.encoder_decoder import Seq2SeqHParams
 from ..registry import hparams_sets, problems
 from .base import ProblemSpec
 from .prepared import PreparedProblem
@@ -49,8 +50,8 @@ DEFAULT_MAX_LENGTH = 128
 
 
 @dataclass(frozen=True)
-class Multi30kHParams(HParams):
-    """Adds the token budget of a length-bucketed training batch."""
+class Multi30kHParams(Seq2SeqHParams):
+    """Seq2seq fields (tied/shared embeddings) with a 4096-token default batch budget."""
 
     batch_tokens: int = 4096      # padded tokens per batch (per field); 0 = batch_size * 32
 
@@ -135,8 +136,11 @@ class Multi30kDeEn(PreparedProblem):
         return self._encoder
 
     def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
-               max_tokens: int | None = None) -> Reader:
-        """Bucketed token-budget batches; training shuffles (seeded per epoch) and drops over-long pairs."""
+               workers: int = 0, max_tokens: int | None = None) -> Reader:
+        """Bucketed token-budget batches; training shuffles (seeded per epoch) and drops over-long pairs.
+
+        The sentences are already encoded in the shards, so there is no per-batch work for ``workers``.
+        """
         if split not in SPLIT_FILES:
             raise ValueError(f"unknown split {split!r}; use train, valid or test")
         manifest = self._ensure_prepared()
@@ -147,9 +151,21 @@ class Multi30kDeEn(PreparedProblem):
         if split != "train" and longest > max_length:
             raise DataError(f"{split} has a {longest}-token sentence, longer than max_length={max_length}; "
                             "raise hp.max_length (eval never drops examples)")
-        budget = max_tokens or getattr(hp, "batch_tokens", 0) or hp.batch_size * 32
+        # hparams that are not Seq2SeqHParams (Multi30kHParams is one) carry no token budget: batch_size * 32
+        batch_tokens = hp.batch_tokens if isinstance(hp, Seq2SeqHParams) else 0
+        budget = max_tokens or batch_tokens or hp.batch_size * 32
         chain: Reader = source.shuffle(len(source), seed=hp.seed + seed) if shuffle else source
         return chain.bucket(max(budget, max_length), max_length=max_length)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.encoder.decode(ids)
+
+    def split_text(self, split: str) -> dict[str, list[str]]:
+        """The raw (detokenized) text of ``split``: ``{"inputs": German, "targets": English}``,
+        one stripped line per pair in file order (BLEU references come from here)."""
+        if split not in SPLIT_FILES:
+            raise ValueError(f"unknown split {split!r}; use train, valid or test")
+        assert self.raw_dir is not None
+        paths = fetch_multi30k(self.raw_dir)
+        stem = SPLIT_FILES[split]
+        return {"inputs": _read_lines(paths[f"{stem}.de.gz"]), "targets": _read_lines(paths[f"{stem}.en.gz"])}

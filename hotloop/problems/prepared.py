@@ -29,7 +29,8 @@ class PreparedProblem(Problem):
     def prepare(self) -> Path:
         """Datagen (idempotent): a matching manifest means the data is ready."""
         assert self.data_dir is not None and self.raw_dir is not None
-        if manifest_matches(self.data_dir, self.name, self.config):
+        # data prepared before problems knew their registered name carries the class name
+        if any(manifest_matches(self.data_dir, name, self.config) for name in (self.name, type(self).__name__)):
             log.info("%s: %s is already prepared", self.name, self.data_dir)
             return self.data_dir
         self._generate()

@@ -166,8 +166,11 @@ class PTBLanguageModel(PreparedProblem):
         return self._vocab
 
     def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
-               batch_size: int | None = None, num_steps: int | None = None) -> StreamWindows:
-        """Contiguous windows of ``split``; ``batch_size``/``num_steps`` override the hparams (e.g. eval)."""
+               workers: int = 0, batch_size: int | None = None, num_steps: int | None = None) -> StreamWindows:
+        """Contiguous windows of ``split``; ``batch_size``/``num_steps`` override the hparams (e.g. eval).
+
+        Windows are views of one token array, so there is no per-batch work for ``workers``.
+        """
         if shuffle:
             raise ValueError("ptb_lm streams are contiguous (the model carries state); they cannot be shuffled")
         return stream_windows(self.tokens(split), batch_size or hp.batch_size, num_steps or self.num_steps(hp))

@@ -51,6 +51,18 @@ def teacher_labels(images: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return (pooled.reshape(b, -1) @ weights).argmax(axis=1)                     # [B]
 
 
+class _TeacherBatches:
+    """``rng -> batch`` of noise images labelled by the teacher (picklable, for data workers)."""
+
+    def __init__(self, weights: np.ndarray, shape: tuple[int, int, int, int]) -> None:
+        self.weights, self.shape = weights, shape
+
+    def __call__(self, rng: np.random.Generator) -> Batch:
+        images = rng.standard_normal(self.shape, dtype=np.float32)                  # [B, C, H, W]
+        labels = teacher_labels(images, self.weights).astype(np.int64)[:, None]     # [B, 1]
+        return {"inputs": torch.from_numpy(images), "targets": torch.from_numpy(labels)}
+
+
 @problems.register("image_synthetic")
 class SyntheticImages(Problem):
     """Classify seeded noise images by a fixed random teacher."""
@@ -71,22 +83,16 @@ class SyntheticImages(Problem):
         return ProblemSpec(task="classify", input_vocab_size=0, target_vocab_size=a.num_classes,
                            max_input_length=0, max_target_length=1, pad_id=-1)
 
-    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None) -> IndexedReader:
+    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
+               workers: int = 0) -> IndexedReader:
         a = self._hp(hp)
         if split not in ("train", "valid", "test"):
             raise ValueError(f"unknown split {split!r}; use train, valid or test")
-        weights = _teacher(a)
-        shape = (hp.batch_size, a.image_channels, a.image_size, a.image_size)
-
-        def make_batch(rng: np.random.Generator) -> Batch:
-            images = rng.standard_normal(shape, dtype=np.float32)                # [B, C, H, W]
-            labels = teacher_labels(images, weights).astype(np.int64)[:, None]  # [B, 1]
-            return {"inputs": torch.from_numpy(images), "targets": torch.from_numpy(labels)}
-
+        make_batch = _TeacherBatches(_teacher(a), (hp.batch_size, a.image_channels, a.image_size, a.image_size))
         examples = a.train_examples if split == "train" else a.eval_examples
         split_seed = {"train": 0, "valid": 1, "test": 2}[split]
         return IndexedReader(make_batch, max(1, examples // hp.batch_size),
-                             seed=(a.seed + seed) * 3 + split_seed)
+                             seed=(a.seed + seed) * 3 + split_seed, workers=workers)
 
     def decode(self, ids: Any) -> str:
         return " ".join(str(int(i)) for i in ids)

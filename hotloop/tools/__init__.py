@@ -4,8 +4,8 @@ Submodules are imported on use (``from hotloop.tools.autotune import auto_strate
 so importing :mod:`hotloop.tools` stays cheap. See ``docs/tune.md``.
 
 - ``autotune`` (+ ``hardware``, ``model_facts``, ``proposals``, ``trials``, ``tune_cache``,
-  ``tune_report``, ``isolation``): ``auto_strategy`` / ``tune``; ``tune_cli``: ``hotloop tune``
-- ``profile`` (+ ``profile_report``, ``profile_advice``): the speed doctor; ``profile_cli``: ``hotloop profile``
+  ``tune_report``, ``isolation``): ``auto_strategy`` / ``tune`` (``hotloop tune``)
+- ``profile`` (+ ``profile_report``, ``profile_advice``): the speed doctor (``hotloop profile``)
 """
 from __future__ import annotations
 

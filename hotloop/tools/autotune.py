@@ -34,6 +34,7 @@ from .hardware import HardwareInfo, detect_hardware
 from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
 from .proposals import Proposal, ReaderFacts, baseline_strategy, candidate_order, propose
+from .reader_trial import confirm_workers
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
 from .tune_cache import cache_key, load_choice, save_choice
 from .tune_report import TuneReport
@@ -71,13 +72,8 @@ def read_batches(problem: Problem, hp: HParams, count: int, device: torch.device
 
 
 def _engine_backends() -> tuple[str, ...]:
-    """Capture backends the engine provides (its ``graph_step`` / ``inductor_step`` modules)."""
-    import importlib.util
-    found = []
-    for backend, module in (("graph", "hotloop.engine.graph_step"), ("inductor", "hotloop.engine.inductor_step")):
-        if importlib.util.find_spec(module) is not None:
-            found.append(backend)
-    return tuple(found)
+    """Capture backends the engine provides."""
+    return ("graph", "inductor")
 
 
 def _load_average() -> float:
@@ -237,12 +233,19 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         runner.release([baseline] + trials)
         pipeline = [p for p in proposals if not p.timed]
         strategy = winner.strategy
+        reader_notes = []
         for p in pipeline:
             strategy = p.apply(strategy)
+        if strategy.num_workers > baseline_s.num_workers:        # workers only after a timed trial
+            trial = confirm_workers(problem, hp, strategy.num_workers)
+            reader_notes.append(trial.line())
+            if not trial.kept:
+                strategy = strategy.replace(num_workers=baseline_s.num_workers)
         report = TuneReport(strategy, winner.label, "miss" if cache else "disabled", hw, baseline_s,
                             [baseline] + trials, pipeline, facts, reader, budget.seconds,
                             step_calls=runner.step_calls)
         report.notes.append(f"load average {load:.1f} on {hw.cores} cores while tuning")
+        report.notes.extend(reader_notes)
         if not baseline.measured:
             report.notes.append("the budget ended before eager was measured: eager kept")
         report.tune_seconds = time.perf_counter() - started

@@ -130,7 +130,7 @@ def initial_state_for(model: nn.Module, batch: Batch, device: torch.device) -> A
     init = getattr(model, "initial_state", None)
     if init is None:
         return None
-    return init(batch["targets"].shape[0], device)
+    return init(next(iter(batch.values())).shape[0], device)
 
 
 def analyze_model(model: nn.Module, batch: Batch | None = None, *,

@@ -1,14 +1,18 @@
 """The speed doctor: where does a training step's time go, and what to change.
 
-``profile_training`` runs a copy of the model for a few steps, twice:
+``profile_training`` builds the step the Trainer builds
+(:func:`hotloop.engine.build.build_step`) on a copy of the model, feeds it through
+the Trainer's feeding path (:class:`hotloop.train.feeding.DataFeeder`: prefetch,
+workers and speed-test mode as the Strategy says) and runs it twice:
 
-1. a *timed* pass (no profiler): wall time per phase — data wait (through the
-   real feeding path: ``hotloop.data.prefetch`` when ``Strategy.prefetch > 0``),
-   forward, backward, optimizer (clip + update + zero-grad), sync (the trainer's
-   host read every ``sync_every`` steps) — medians over steps;
-2. a *profiled* pass (torch.profiler): top ops (``key_averages``), host-device
-   syncs per step (``aten::_local_scalar_dense``, CUDA synchronize calls), and
-   the host-overhead share of each phase (phase time not spent inside any op).
+1. a *timed* pass (no profiler): each whole iteration is timed (data wait, the
+   step call, the trainer's host read every ``sync_every`` steps), and a phase
+   hook inside the real step times its forward, backward (or captured
+   forward+backward) and optimizer phases; the step time not inside a phase is
+   the step's own overhead;
+2. a *profiled* pass (torch.profiler, the same hook annotating the phases): top
+   ops (``key_averages``), host-device syncs per step (``aten::_local_scalar_dense``,
+   CUDA synchronize calls) and the host-overhead share of each phase.
 
 It adds peak memory, MFU against this machine's measured GEMM peak and
 recommendations (:mod:`hotloop.tools.profile_advice`). The caller's model,
@@ -16,6 +20,7 @@ weights and RNG streams are untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import resource
 import statistics
@@ -26,11 +31,11 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ..engine.step import autocast_context, clip_grad_norm, detach_state
+from ..engine.build import build_step
 from ..engine.strategy import Strategy
 from ..hparams import HParams
-from ..optim import build_optimizer, sparse_gradient_modules
-from ..problems.base import Problem
+from ..problems.base import Problem, open_reader
+from ..train.feeding import DataFeeder
 from .hardware import detect_hardware, gemm_peak
 from .isolation import applied_strategy, preserved_process_state
 from .model_facts import analyze_model, initial_state_for
@@ -44,111 +49,103 @@ _SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDevic
 
 
 class _Feed:
-    """Batches through the real feeding path, recording the time each ``next`` waited."""
+    """The Trainer's feeder over the train split, epoch after epoch, recording each wait."""
 
     def __init__(self, problem: Problem, hp: HParams, strategy: Strategy, device: torch.device) -> None:
-        self.problem, self.hp, self.strategy, self.device = problem, hp, strategy, device
-        self.source: Any = None
-        self.iterator: Iterator[Any] | None = None
+        reader = open_reader(problem, "train", hp, workers=strategy.num_workers)
+        self.feeder = DataFeeder(reader, device, strategy.prefetch, speed_test=strategy.speed_test)
+        self.capacity = strategy.prefetch
+        self.epoch = 0
+        self.feeder.start_epoch(self.epoch)
         self.waits: list[float] = []
         self.depths: list[int] = []
-        self.note = ""
-        self._open()
 
-    def _open(self) -> None:
-        reader = self.problem.reader("train", self.hp)
-        try:
-            from ..data.prefetch import prefetch
-        except ImportError:
-            prefetch = None
-            self.note = "hotloop.data.prefetch is not available: synchronous reader"
-        if prefetch is not None:
-            self.source = prefetch(reader, capacity=self.strategy.prefetch, device=self.device)
-        else:
-            self.source = reader
-        self.iterator = iter(self.source)
-
-    def next(self) -> dict:
-        stats = getattr(self.source, "stats", None)
+    def next(self, count: int) -> list[dict]:
+        stats = getattr(self.feeder._get_source(), "stats", None)
         if stats is not None:
             self.depths.append(int(getattr(stats, "qsize", 0)))
         start = time.perf_counter()
-        try:
-            batch = next(self.iterator)
-        except StopIteration:               # a short epoch: start the next one
-            self.close()
-            self._open()
-            batch = next(self.iterator)
+        batches = self.feeder.next_step(count)
+        if batches is None:                  # a short epoch: start the next one
+            self.feeder.finish_epoch()
+            self.epoch += 1
+            self.feeder.start_epoch(self.epoch)
+            batches = self.feeder.next_step(count)
+        if batches is None:
+            raise ValueError("the train reader yielded no batches")
         self.waits.append(time.perf_counter() - start)
-        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return batches
 
     def close(self) -> None:
-        close = getattr(self.source, "close", None)
-        if callable(close):
-            close()
+        self.feeder.close()
 
     def health(self) -> QueueHealth:
         waits = self.waits or [0.0]
-        return QueueHealth(self.strategy.prefetch, statistics.median(waits), max(waits),
+        return QueueHealth(self.capacity, statistics.median(waits), max(waits),
                            sum(w > 1e-4 for w in waits) / len(waits),
-                           statistics.mean(self.depths) if self.depths else None, self.note)
+                           statistics.mean(self.depths) if self.depths else None, "")
+
+
+class _PhaseTimer:
+    """A phase hook for the real step: times each phase (and annotates it for the profiler)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.times: dict[str, float] = {}
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self._sync()
+        start = time.perf_counter()
+        with record_function(f"hotloop::{name}"):
+            yield
+        self._sync()
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
 
 
 class _Stepper:
-    """An instrumented eager step with the same math as ``TrainStep`` (phases timed separately)."""
+    """The Trainer's compiled step on a model copy, one iteration at a time, timed as a whole."""
 
     def __init__(self, model: nn.Module, hp: HParams, strategy: Strategy, device: torch.device) -> None:
-        self.model, self.hp, self.strategy, self.device = model, hp, strategy, device
-        sparse = bool(sparse_gradient_modules(model))
-        self.optimizer = build_optimizer(model.parameters(), hp, fused=strategy.fused_optimizer and not sparse,
-                                         sparse=sparse)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.hp, self.strategy, self.device = hp, strategy, device
+        self.step = build_step(model, hp, strategy).step
+        self.timer = _PhaseTimer(device)
+        self.step.phase = self.timer
+        self.model = model
         self.state: Any = None
         self.steps = 0
         self.pending: list[torch.Tensor] = []
 
-    def _mark(self) -> float:
+    def _now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
     def run(self, feed: _Feed) -> dict[str, float]:
-        accum = max(1, self.hp.accum_steps)
-        times = dict.fromkeys(PHASES, 0.0)
-        for _ in range(accum):
-            t0 = self._mark()
-            with record_function("hotloop::data_wait"):
-                batch = feed.next()
-            if self.state is None:
-                self.state = initial_state_for(self.model, batch, self.device)
-            t1 = self._mark()
-            with record_function("hotloop::forward"), autocast_context(self.strategy.precision, self.device):
-                out = self.model.loss(batch, self.state)
-            loss = out.loss / accum
-            t2 = self._mark()
-            with record_function("hotloop::backward"):
-                loss.backward()
-            t3 = self._mark()
-            self.state = detach_state(out.state)
-            self.pending.append(out.loss.detach())
-            times["data_wait"] += t1 - t0
-            times["forward"] += t2 - t1
-            times["backward"] += t3 - t2
-        t3 = self._mark()
-        with record_function("hotloop::optimizer"):
-            if self.hp.max_grad_norm > 0:
-                clip_grad_norm(self.params, self.hp.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        t4 = self._mark()
+        """One iteration; returns seconds per phase plus ``step`` (the whole step call)."""
+        self.timer.times = {}
+        t0 = self._now()
+        with record_function("hotloop::data_wait"):
+            batches = feed.next(max(1, self.hp.accum_steps))
+        if self.state is None:
+            self.state = initial_state_for(self.model, batches[0], self.device)
+        t1 = self._now()
+        result = self.step(batches, self.state)
+        t2 = self._now()
+        self.state = result.state
+        self.pending.append(result.loss)
         self.steps += 1
         if self.steps % self.strategy.sync_every == 0:      # the trainer's metric read-back
             with record_function("hotloop::sync"):
                 float(torch.stack(self.pending).sum())
             self.pending.clear()
-        t5 = time.perf_counter()
-        times["optimizer"] = t4 - t3
-        times["sync"] = t5 - t4
+        t3 = time.perf_counter()
+        times = {p: self.timer.times.get(p, 0.0) for p in PHASES}
+        times.update(data_wait=t1 - t0, sync=t3 - t2, step=t2 - t1)
         return times
 
 
@@ -200,14 +197,12 @@ def profile_training(model: nn.Module, problem: Problem, hp: HParams, strategy: 
     hw = detect_hardware(device)
     with preserved_process_state():
         work = copy.deepcopy(model).to(device).train()
-        if strategy.channels_last:
-            work = work.to(memory_format=torch.channels_last)
-        stepper = _Stepper(work, hp, strategy, device)
         feed = _Feed(problem, hp, strategy, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         try:
             with applied_strategy(strategy, device):
+                stepper = _Stepper(work, hp, strategy, device)
                 threads = torch.get_num_threads()
                 peak = gemm_peak(hw)            # at the strategy's thread count
                 log(f"profile: warm-up {warmup} + {steps} timed + {profiled_steps} profiled steps")
@@ -221,13 +216,16 @@ def profile_training(model: nn.Module, problem: Problem, hp: HParams, strategy: 
                 with profile(activities=activities) as prof:
                     for _ in range(profiled_steps):
                         stepper.run(feed)
-                facts = analyze_model(work, feed.next())
+                facts = analyze_model(work, feed.next(1)[0])
         finally:
             feed.close()
     # compute phases: medians (robust to other processes); data wait and sync are periodic: means
-    phases = {p: (statistics.mean if p in ("data_wait", "sync") else statistics.median)([t[p] for t in timed])
+    periodic = ("data_wait", "sync")
+    phases = {p: (statistics.mean if p in periodic else statistics.median)([t[p] for t in timed])
               for p in PHASES}
-    step_s = sum(phases.values())
+    call = statistics.median([t["step"] for t in timed])          # the step call, timed as a whole
+    phases["step_other"] = max(0.0, call - sum(v for p, v in phases.items() if p not in periodic))
+    step_s = call + phases["data_wait"] + phases["sync"]
     syncs = _syncs_by_phase(prof, profiled_steps)
     averages = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)
     top_ops = [(a.key, a.self_cpu_time_total / 1e3 / profiled_steps, a.count / profiled_steps)

@@ -11,8 +11,10 @@ from .model_facts import ModelFacts
 
 __all__ = ["PHASES", "SPLIT", "QueueHealth", "Recommendation", "ProfileReport", "SECTIONS"]
 
-PHASES = ("data_wait", "forward", "backward", "optimizer", "sync")
-SPLIT = ("data_wait", "host_overhead", "forward", "backward", "optimizer", "sync")
+#: phases timed inside the real step ("forward_backward": a captured graph runs both at once)
+PHASES = ("data_wait", "forward", "backward", "forward_backward", "optimizer", "sync")
+SPLIT = ("data_wait", "host_overhead", "forward", "backward", "forward_backward", "optimizer", "step_other",
+         "sync")
 SECTIONS = ("time split per step", "input queue", "top ops", "host-device syncs", "memory", "MFU",
             "recommendations")
 
@@ -48,7 +50,7 @@ class ProfileReport:
     hardware: str
     steps: int
     step_seconds: float
-    phases: dict[str, float]         # seconds per step: data_wait, forward, backward, optimizer, sync
+    phases: dict[str, float]         # seconds per step: PHASES plus step_other (step call outside phases)
     host_shares: dict[str, float]    # phase -> fraction of it outside any op (profiled pass)
     queue: QueueHealth
     top_ops: list[tuple[str, float, float]]    # (op, self ms per step, calls per step)
@@ -63,10 +65,12 @@ class ProfileReport:
     def split(self) -> dict[str, float]:
         """Seconds per step: data wait, host overhead (Python/dispatch inside phases), compute phases, sync."""
         out = {"data_wait": self.phases["data_wait"], "host_overhead": 0.0}
-        for phase in ("forward", "backward", "optimizer"):
-            host = self.phases[phase] * self.host_shares.get(phase, 0.0)
+        for phase in ("forward", "backward", "forward_backward", "optimizer"):
+            own = self.phases.get(phase, 0.0)
+            host = own * self.host_shares.get(phase, 0.0)
             out["host_overhead"] += host
-            out[phase] = self.phases[phase] - host
+            out[phase] = own - host
+        out["step_other"] = self.phases.get("step_other", 0.0)
         out["sync"] = self.phases["sync"]
         return out
 
@@ -151,7 +155,8 @@ class ProfileReport:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            raise RuntimeError("--png needs matplotlib (pip install matplotlib); use --html instead") from None
+            from ..errors import UserError
+            raise UserError("--png needs matplotlib: pip install 'hotloop[plot]'; or use --html") from None
         fig, ax = plt.subplots(figsize=(7, 3))
         names, values = zip(*[(k, v * 1e3) for k, v in self.split.items()])
         ax.barh(names, values)

@@ -19,10 +19,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..engine import step as engine_step
+from ..engine.build import build_step
 from ..engine.strategy import Strategy, StrategyError, validate_for_model
 from ..hparams import HParams
-from ..optim import build_optimizer, sparse_gradient_modules
 from ..problems.base import Batch
 from .isolation import applied_strategy, restore_rng, snapshot_rng
 from .model_facts import initial_state_for
@@ -86,13 +85,7 @@ class _CandidateRun:
                  device: torch.device, first_batch: Batch, rng: dict) -> None:
         self.rng = rng
         self.model = copy.deepcopy(pristine).train()
-        if strategy.channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
-        sparse = bool(sparse_gradient_modules(self.model))
-        optimizer = build_optimizer(self.model.parameters(), hp, fused=strategy.fused_optimizer,
-                                    sparse=sparse)
-        self.step = engine_step.compile_step(self.model, None, optimizer, strategy,
-                                             max_grad_norm=hp.max_grad_norm)
+        self.step = build_step(self.model, hp, strategy).step
         self.state = initial_state_for(self.model, first_batch, device)
         self.position = 0
 

@@ -4,9 +4,11 @@ from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, EarlyStopping, Event
 from .loggers import ConsoleLogger, JsonlLogger, ProgressBar, TensorBoardLogger, default_loggers
 from .metrics import StatsAccumulator, summarize
-from .trainer import FitResult, Trainer, TrainerError, resolve_strategy
+from .plan import StrategyRequest, auto_strategy, plan_strategy
+from .trainer import FitResult, Trainer, TrainerError
 
 __all__ = ["Callback", "CallbackList", "CheckpointError", "CheckpointManager", "ConsoleLogger",
            "DistContext", "EarlyStopping", "Event", "FitResult", "JsonlLogger", "LocalContext",
            "ProgressBar", "StatsAccumulator", "TensorBoardLogger", "Trainer", "TrainerError",
-           "default_loggers", "load_checkpoint", "resolve_strategy", "save_checkpoint", "summarize"]
+           "StrategyRequest", "auto_strategy", "default_loggers", "load_checkpoint", "plan_strategy",
+           "save_checkpoint", "summarize"]

@@ -11,6 +11,8 @@ fsynced; a process killed mid-write leaves the previous checkpoints intact.
 """
 from __future__ import annotations
 
+from ..errors import UserError
+
 import json
 import os
 import re
@@ -30,7 +32,7 @@ _NAME = re.compile(r"^step-(\d{8,})\.ckpt$")
 _PAUSE_ENV = "HOTLOOP_TEST_CHECKPOINT_PAUSE"  # "STEP:SECONDS": sleep before the rename (tests)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, corrupt, unsafe or incompatible; names the file."""
 
 

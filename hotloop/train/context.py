@@ -30,6 +30,7 @@ class DistContext(Protocol):
     def shard_reader(self, reader: Any) -> Any: ...
     def all_reduce_stats(self, stats: dict[str, Tensor]) -> dict[str, Tensor]: ...
     def barrier(self) -> None: ...
+    def broadcast_text(self, text: str | None) -> str: ...
     def consolidate_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]: ...
 
 
@@ -55,6 +56,10 @@ class LocalContext:
 
     def barrier(self) -> None:
         """Wait for every rank (nothing to wait for)."""
+
+    def broadcast_text(self, text: str | None) -> str:
+        """The main rank's ``text`` on every rank (this one)."""
+        return text or ""
 
     def consolidate_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The full optimizer ``state_dict`` on the main rank (sharded optimizers gather here)."""

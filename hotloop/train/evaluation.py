@@ -50,33 +50,12 @@ def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("valid", "tes
 
     Returns ``split -> metrics``, or ``split -> reason`` for a split the problem lacks.
     """
-    from ..hparams import hparams_from_dict
-    from ..registry import models, problems
-    from .build import build_model
-    from .checkpoint import CheckpointError, load_checkpoint
+    from .restore import load_trained
 
-    path = Path(path)
-    payload = load_checkpoint(path)
-    meta = payload["meta"]
-    run = meta.get("run") or {}
-    if not run.get("problem") or not run.get("model") or "hparams" not in meta or "model" not in payload:
-        raise CheckpointError(f"checkpoint {path} does not record its problem/model/hparams; "
-                              f"it was not written by `hotloop train`")
-    hp = hparams_from_dict(meta["hparams"])
-    problem = problems.get(run["problem"])(data_dir=data_dir or run.get("data_dir"),
-                                           raw_dir=raw_dir or run.get("raw_dir"))
-    problem.prepare()
-    spec = problem.spec(hp)
+    trained = load_trained(path, device=device, data_dir=data_dir, raw_dir=raw_dir)
+    problem, hp, spec, model, precision = (trained.problem, trained.hp, trained.spec, trained.model,
+                                           trained.precision)
     device = torch.device(device)
-    model = build_model(models.get(run["model"]), hp, spec, device)
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"checkpoint {path} does not fit model {run['model']!r}: {detail}") from None
-    precision = (meta.get("strategy") or {}).get("precision", "fp32")
-    if precision == "fp16" and device.type != "cuda":
-        precision = "fp32"
     results: dict[str, dict[str, float] | str] = {}
     for split in splits:
         try:

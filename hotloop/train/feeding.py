@@ -1,8 +1,9 @@
 """Feeding the training step: one epoch at a time, ``accum`` micro-batches per step.
 
-Uses ``hotloop.data.prefetch`` (background queue + device copy) when it
-exists and ``capacity > 0``, else iterates synchronously; both give the same
-batches. Time spent waiting in ``next()`` is summed in :attr:`DataFeeder.data_time`
+Uses :func:`hotloop.data.prefetch` (background queue + device copy) when
+``capacity > 0``, else iterates synchronously; both give the same batches.
+``speed_test=True`` serves a few prepared batches repeatedly instead
+(compute-only throughput, :mod:`hotloop.data.speedtest`). Time spent waiting in ``next()`` is summed in :attr:`DataFeeder.data_time`
 (Python floats, no device sync) so the trainer can report the data fraction.
 
 Position for checkpoints: ``{"epoch_start": reader state at epoch start,
@@ -19,9 +20,11 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor
 
+from ..data.prefetch import prefetch as prefetch_reader
+from ..data.speedtest import speed_test as speed_test_reader
 from ..problems.base import Batch
 
-__all__ = ["DataFeeder", "find_prefetch", "to_device"]
+__all__ = ["DataFeeder", "to_device"]
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -35,16 +38,6 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def find_prefetch() -> Callable[..., Any] | None:
-    """``hotloop.data.prefetch`` if that package provides it, else None."""
-    try:
-        from .. import data
-    except ImportError:
-        return None
-    fn = getattr(data, "prefetch", None)
-    return fn if callable(fn) else None
-
-
 class DataFeeder:
     """Iterates ``reader`` epoch by epoch; ``next_step(n)`` returns up to n batches or None.
 
@@ -53,10 +46,12 @@ class DataFeeder:
     """
 
     def __init__(self, reader: Any, device: torch.device, prefetch: int = 0,
-                 prefetch_fn: Callable[..., Any] | None = None) -> None:
+                 prefetch_fn: Callable[..., Any] | None = None, *, speed_test: bool = False) -> None:
         self.reader = reader
         self.device = device
-        self.prefetch_fn = (prefetch_fn or find_prefetch()) if prefetch > 0 else None
+        self.prefetch_fn = (prefetch_fn or prefetch_reader) if prefetch > 0 else None
+        if speed_test:
+            self.prefetch_fn = self._speed_test
         self.capacity = prefetch
         self.data_time = 0.0
         self.clock: Callable[[], float] = time.perf_counter  # replaceable in tests
@@ -64,6 +59,10 @@ class DataFeeder:
         self._epoch_start: Any = None
         self._it: Iterator[Batch] | None = None
         self._source: Any = None
+
+    @staticmethod
+    def _speed_test(reader: Any, capacity: int, device: torch.device) -> Any:
+        return speed_test_reader(reader, device=device)
 
     @property
     def asynchronous(self) -> bool:

@@ -6,7 +6,6 @@ device and read every ``strategy.sync_every`` steps (the log cadence). See
 """
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -18,11 +17,13 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..engine import Strategy, StrategyError, compile_step
+from ..engine import Strategy, build_step
+from ..engine.flags import apply_device_flags
 from ..engine.step import LossFn
+from ..errors import UserError
 from ..hparams import HParams, hparams_to_dict
-from ..optim import build_optimizer, build_schedule
-from ..problems.base import Problem
+from ..optim import build_schedule
+from ..problems.base import Problem, open_reader
 from .checkpoint import CheckpointError, CheckpointManager
 from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, Event
@@ -30,15 +31,15 @@ from .evaluation import evaluate_reader
 from .feeding import DataFeeder
 from .interrupt import SigintGuard
 from .loggers import default_loggers
-from .metrics import StatsAccumulator, summarize
 from .snapshot import restore_training_state, training_state
+from .window import LogWindow
 
-__all__ = ["Trainer", "TrainerError", "FitResult", "resolve_strategy"]
+__all__ = ["Trainer", "TrainerError", "FitResult"]
 
 DATA_BOUND_FRACTION = 0.3
 
 
-class TrainerError(ValueError):
+class TrainerError(UserError, ValueError):
     """A Trainer configuration that cannot run (e.g. no stopping criterion)."""
 
 
@@ -53,32 +54,6 @@ class FitResult:
     best_checkpoint: str | None = None
 
 
-def resolve_strategy(strategy: Strategy | str, *, log: Callable[[str], None], **autotune_args: Any
-                     ) -> Strategy:
-    """``"auto"`` -> ``hotloop.tools.autotune.auto_strategy(...)`` (or ``Strategy()`` when that
-    module does not exist); ``"default"`` -> ``Strategy()``; a Strategy is returned as is."""
-    if isinstance(strategy, Strategy):
-        return strategy
-    if strategy == "default":
-        return Strategy()
-    if strategy != "auto":
-        raise StrategyError(f"strategy must be a Strategy, 'auto' or 'default', got {strategy!r}")
-    try:
-        from ..tools.autotune import auto_strategy
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("hotloop.tools", "hotloop.tools.autotune"):
-            raise
-        log("auto strategy: hotloop.tools.autotune is not available; using the default Strategy()")
-        return Strategy()
-    accepted = inspect.signature(auto_strategy).parameters   # a replaced autotuner may take fewer options
-    optional = {"log": log, "planned_seconds": autotune_args.pop("planned_seconds", None)}
-    autotune_args.update({k: v for k, v in optional.items() if k in accepted})
-    chosen = auto_strategy(**autotune_args)
-    if not isinstance(chosen, Strategy):
-        raise StrategyError(f"auto_strategy returned {type(chosen).__name__}, not a Strategy")
-    return chosen
-
-
 class Trainer:
     """Trains ``model`` on ``problem`` with ``hp``; see ``docs/trainer_api.md``.
 
@@ -87,11 +62,13 @@ class Trainer:
     Evaluation runs every ``eval_every`` steps (0 = off), at each epoch end and
     at the end of training; a checkpoint is written after each evaluation,
     every ``checkpoint_every`` steps, at the end and on interrupt (when
-    ``output_dir`` is set).
+    ``output_dir`` is set). ``strategy`` is a concrete :class:`Strategy`
+    (default ``Strategy()``); to tune one first, call
+    :func:`hotloop.train.plan.auto_strategy`.
     """
 
     def __init__(self, problem: Problem, model: nn.Module, hp: HParams, *,
-                 strategy: Strategy | str = "auto", device: str | torch.device = "cpu",
+                 strategy: Strategy | None = None, device: str | torch.device = "cpu",
                  output_dir: str | Path | None = None, max_steps: int | None = None,
                  max_epochs: int | None = None, max_time: float | None = None,
                  eval_every: int = 0, eval_splits: Sequence[str] = ("valid",),
@@ -121,40 +98,38 @@ class Trainer:
         main_loggers = default_loggers(self.output_dir) if loggers is None else list(loggers)
         self.callbacks = CallbackList(list(callbacks) + (main_loggers if self.dist.is_main else []))
 
+        if strategy is not None and not isinstance(strategy, Strategy):
+            raise TrainerError(f"strategy must be a Strategy, got {type(strategy).__name__}; "
+                               "tune one first with hotloop.train.plan.auto_strategy(...)")
+        self.strategy = strategy if strategy is not None else Strategy()
+        if log_every is not None:
+            self.strategy = self.strategy.replace(sync_every=log_every)
+        self.strategy.validate(self.device)
+        self._check_parallel_mode()
+        self.log_every = self.strategy.sync_every
+
         if train_reader is None:  # streamed LM data is contiguous: let the problem decide (no shuffle)
-            train_reader = problem.reader("train", self.hp, shuffle=None if self.spec.streamed else True)
-        reader = train_reader
-        self.train_reader = self.dist.shard_reader(reader)
+            train_reader = open_reader(problem, "train", self.hp, workers=self.strategy.num_workers,
+                                       shuffle=None if self.spec.streamed else True)
+        self.train_reader = self.dist.shard_reader(train_reader)
         self._eval_readers: dict[str, tuple[Any, Any]] = {}
         for split, r in (eval_readers or {}).items():
             self._eval_readers[split] = (r, r.state_dict())
         self.steps_per_epoch = self._steps_per_epoch()
 
         self.model = model.to(self.device)
-        planned = self.hp.max_steps or self.hp.max_epochs * (self.steps_per_epoch or 0)
-        self.strategy = resolve_strategy(strategy, log=self.notify, model=self.model, problem=problem,
-                                         hp=self.hp, device=self.device, planned_steps=planned,
-                                         planned_seconds=max_time)
-        if log_every is not None:
-            self.strategy = self.strategy.replace(sync_every=log_every)
-        self.strategy.validate(self.device)
-        self._apply_threads()
-        self.log_every = self.strategy.sync_every
-
-        self.optimizer = build_optimizer(self.model.parameters(), self.hp,
-                                         fused=self.strategy.fused_optimizer)
+        for note in apply_device_flags(self.strategy, self.device).notes:
+            self.notify(f"strategy: {note}")
+        built = build_step(self.model, self.hp, self.strategy, loss_fn=loss_fn,
+                           wrap=self.dist.wrap)
+        self.optimizer, self.train_model, self.grad_scaler = built.optimizer, built.model, built.grad_scaler
+        self.step_fn = built.step
         self.schedule = build_schedule(self.hp, self.steps_per_epoch)
-        self.grad_scaler = None
-        if self.strategy.precision == "fp16" and self.device.type == "cuda":
-            self.grad_scaler = torch.amp.GradScaler("cuda")
-        self.train_model, self.optimizer, no_sync = self.dist.wrap(self.model, self.optimizer)
-        self.step_fn = compile_step(self.train_model, loss_fn, self.optimizer, self.strategy,
-                                    max_grad_norm=self.hp.max_grad_norm, grad_scaler=self.grad_scaler,
-                                    no_sync=no_sync)
-        if getattr(self.step_fn, "fallback_reason", None):
+        if self.step_fn.fallback_reason:
             self.notify(f"strategy backend={self.strategy.backend} fell back to eager: "
                         f"{self.step_fn.fallback_reason}")
-        self.feeder = DataFeeder(self.train_reader, self.device, self.strategy.prefetch)
+        self.feeder = DataFeeder(self.train_reader, self.device, self.strategy.prefetch,
+                                 speed_test=self.strategy.speed_test)
         self.checkpoints = (CheckpointManager(self.output_dir / "checkpoints", keep_last,
                                               writer=self.dist.is_main)
                             if self.output_dir is not None else None)
@@ -171,10 +146,7 @@ class Trainer:
         self._last_eval_step = -1
         self._last_ckpt_step = -1
         self._warned_data_bound = False
-        self._window = StatsAccumulator()
-        self._window_steps = 0
-        self._window_start = time.perf_counter()
-        self._window_data_time = 0.0
+        self._window = LogWindow()
         self._fit_start = time.monotonic()
 
     # ------------------------------------------------------------------ setup
@@ -204,23 +176,13 @@ class Trainer:
             return None
         return max(1, math.ceil(batches / max(1, self.hp.accum_steps)))
 
-    def _apply_threads(self) -> None:
-        """Threads and device flags (cuDNN, TF32, oneDNN) from the strategy."""
-        try:
-            from ..engine.flags import apply_device_flags
-        except ImportError:
-            apply_device_flags = None
-        if apply_device_flags is not None:
-            for note in apply_device_flags(self.strategy, self.device).notes:
-                self.notify(f"strategy: {note}")
-            return
-        if self.strategy.intra_op_threads > 0:
-            torch.set_num_threads(self.strategy.intra_op_threads)
-        if self.strategy.inter_op_threads > 0 and torch.get_num_interop_threads() != self.strategy.inter_op_threads:
-            try:
-                torch.set_num_interop_threads(self.strategy.inter_op_threads)
-            except RuntimeError:
-                self.notify("strategy inter_op_threads ignored: torch's inter-op pool already started")
+    def _check_parallel_mode(self) -> None:
+        """The data-parallel context must run the Strategy's mode (one source of truth)."""
+        mode = getattr(self.dist, "mode", None)
+        wanted = self.strategy.data_parallel
+        if mode is not None and wanted != "none" and wanted != mode:
+            raise TrainerError(f"strategy data_parallel={wanted!r} but the process-group context runs "
+                               f"{mode!r}; build it with ProcessGroupContext.for_strategy(strategy)")
 
     def _write_run_files(self) -> None:
         if self.output_dir is None or not self.dist.is_main:
@@ -244,7 +206,7 @@ class Trainer:
             seed_everything(self.hp.seed)
         self._write_run_files()
         self.callbacks.emit(Event.FIT_START, self, resumed=bool(resume))
-        self._window_start, self._window_data_time = time.perf_counter(), self.feeder.data_time
+        self._window.restart(self.feeder.data_time)
         try:
             with SigintGuard(self._on_sigint):
                 reason = self._loop(position)
@@ -321,13 +283,8 @@ class Trainer:
             group["lr"] = self.lr
         result = self.step_fn(batches, self.state)
         self.state = result.state if self.spec.streamed else None
-        self._window.add(result.stats)
-        extra = {"_loss_sum": result.loss}
-        if result.grad_norm is not None:
-            extra["_grad_norm_sum"] = result.grad_norm
-        self._window.add(extra)
+        self._window.add_step(result.stats, result.loss, result.grad_norm)
         self.step += 1
-        self._window_steps += 1
         self._in_step = False
 
     def _after_step(self) -> None:
@@ -349,7 +306,7 @@ class Trainer:
             self.save_checkpoint()
 
     def _finish(self, reason: str) -> None:
-        if self._window_steps:
+        if self._window.steps:
             self._log()
         if not reason.startswith("stopped") and self._last_eval_step != self.step:
             self._evaluate_all()
@@ -369,25 +326,11 @@ class Trainer:
 
     # --------------------------------------------------------------- logging
     def _log(self) -> None:
-        steps = self._window_steps
-        sums = self._window.read(self.dist.all_reduce_stats)  # the one host sync
-        now = time.perf_counter()
-        wall = max(now - self._window_start, 1e-9)
-        data_time = self.feeder.data_time - self._window_data_time
-        self._window_start, self._window_data_time, self._window_steps = now, self.feeder.data_time, 0
-        row: dict[str, Any] = {"step": self.step, "epoch": self.epoch}
-        metrics = summarize(sums)
-        row["loss"] = metrics.get("loss", sums.get("_loss_sum", math.nan) / max(steps, 1))
-        row["ppl"] = metrics.get("ppl", math.nan)
-        row["lr"] = self.lr
-        if "tokens" in sums:
-            row["tokens_per_s"] = sums["tokens"] / wall
-        if "examples" in sums:
-            row["examples_per_s"] = sums["examples"] / wall
-        row["data_fraction"] = min(1.0, data_time / wall)
-        if "_grad_norm_sum" in sums:
-            row["grad_norm"] = sums["_grad_norm_sum"] / max(steps, 1) / self.dist.world_size
-        row["time"] = time.monotonic() - self._fit_start
+        steps = self._window.steps
+        row = self._window.read_row(step=self.step, epoch=self.epoch, lr=self.lr,
+                                    data_time=self.feeder.data_time, world_size=self.dist.world_size,
+                                    reduce=self.dist.all_reduce_stats,
+                                    elapsed=time.monotonic() - self._fit_start)
         if row["data_fraction"] > DATA_BOUND_FRACTION and not self._warned_data_bound and self.step > steps:
             self._warned_data_bound = True
             self.notify(f"waiting for data {row['data_fraction']:.0%} of step time; add workers "

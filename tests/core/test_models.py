@@ -3,7 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from hotloop.engine import Strategy, compile_step
+from hotloop.engine import Strategy
+from hotloop.engine.step import compile_step
 from hotloop.hparams import get_hparams
 from hotloop.models.base import ModelMismatchError
 from hotloop.optim import build_optimizer
@@ -68,3 +69,15 @@ def test_problem_model_mismatch_is_clear():
     spec = ProblemSpec(task="lm", input_vocab_size=10, target_vocab_size=10)
     with pytest.raises(ModelMismatchError, match="task is 'lm'"):
         models.get("transformer")(get_hparams("transformer_algorithmic"), spec)
+
+
+def test_hparams_of_another_model_are_refused_by_name():
+    from hotloop.problems.synthetic_images import SyntheticImageHParams
+    image_hp = SyntheticImageHParams(image_size=8)        # the problem's fields, no conv_channels
+    spec = problems.get("image_synthetic")().spec(image_hp)
+    with pytest.raises(ModelMismatchError, match="reads ConvNetHParams fields.*SyntheticImageHParams"):
+        models.get("conv_net")(image_hp, spec)
+    hp = get_hparams("conv_net_base", "image_size=8,image_channels=2,conv_channels=4:6")
+    net = models.get("conv_net")(hp, spec)
+    convs = [m for m in net.body if isinstance(m, nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels) for c in convs] == [(2, 4), (4, 6)]

@@ -4,7 +4,7 @@ import pytest
 
 import hotloop
 from hotloop.builtin import BUILTINS
-from hotloop.registry import Registry, RegistryError, import_user_module, models
+from hotloop.registry import Registry, RegistryError, import_user_module, models, problems, registered_name
 
 
 def test_duplicate_name_raises():
@@ -86,3 +86,52 @@ def test_package_exports_registry_module():
     assert hotloop.registry.models is models
     importlib.import_module("hotloop.models")  # the subpackage must not shadow the registry
     assert hotloop.registry.models is models
+
+
+def test_add_records_the_registered_name_on_classes_and_functions():
+    reg = Registry("widget")
+
+    @reg.register("first_name")
+    class Thing:
+        pass
+
+    @reg.register("a_set")
+    def make_set():
+        return 1
+
+    class Unregistered(Thing):
+        pass
+
+    reg.add("alias", Thing)                      # an alias keeps the first name
+    reg.add("builtin_len", len)                  # builtins cannot carry the name: no error
+    assert (Thing.registered_name, make_set.registered_name) == ("first_name", "a_set")
+    assert registered_name(Thing) == "first_name" and registered_name(make_set) == "a_set"
+    assert registered_name(Unregistered) is None  # inherited, not its own
+    assert registered_name(len) is None
+    reg.unregister("first_name")
+    assert registered_name(Thing) is None
+    reg.add("second_name", Thing)
+    assert Thing.registered_name == "second_name"
+
+
+def test_lazy_builtins_record_their_table_name():
+    for registry, table in BUILTINS.items():
+        for name in table:
+            assert registered_name(registry.get(name)) == name, (registry.kind, name)
+
+
+def test_problem_name_is_the_registered_name(tmp_path):
+    for name in BUILTINS[problems]:
+        problem = problems.get(name)(data_dir=tmp_path / "data", raw_dir=tmp_path / "raw")
+        assert problem.name == name
+
+    class MyCopy(problems.get("algorithmic_copy")):
+        pass
+
+    assert MyCopy().name == "MyCopy"            # an unregistered subclass is not the parent
+    problems.add("my_copy_for_test", MyCopy)
+    try:
+        assert MyCopy().name == "my_copy_for_test"
+    finally:
+        problems.unregister("my_copy_for_test")
+    assert MyCopy().name == "MyCopy"

@@ -37,11 +37,11 @@ def test_download_mismatch_and_missing_are_clear(http_dir, tmp_path):
 
 def test_default_dirs_honour_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("HOTLOOP_DATA_DIR", str(tmp_path / "d"))
-    monkeypatch.setenv("HOTLOOP_RAW_DIR", str(tmp_path / "r"))
+    monkeypatch.setenv("HOTLOOP_RAW_ROOT", str(tmp_path / "r"))
     assert default_data_dir("ptb_lm") == tmp_path / "d" / "ptb_lm"
     problem = PTBLanguageModel()
     assert problem.data_dir == tmp_path / "d" / "ptb_lm" and problem.raw_dir == tmp_path / "r" / "ptb"
     monkeypatch.delenv("HOTLOOP_DATA_DIR")
     assert default_data_dir("x") == Path.home() / ".cache" / "hotloop" / "data" / "x"
-    monkeypatch.delenv("HOTLOOP_RAW_DIR")
+    monkeypatch.delenv("HOTLOOP_RAW_ROOT")
     assert default_raw_dir("ptb") == Path.home() / ".cache" / "hotloop" / "raw" / "ptb"

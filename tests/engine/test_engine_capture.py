@@ -3,7 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from hotloop.engine import Strategy, compile_step
+from hotloop.engine import Strategy
+from hotloop.engine.step import compile_step
 from hotloop.engine.parity import ParityCase, check_parity
 from hotloop.models.base import LossOutput
 

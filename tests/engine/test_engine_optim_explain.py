@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from hotloop.engine import Strategy
-from hotloop.engine.cases import model_case
-from hotloop.engine.explain import main as explain_main
+from hotloop.testing import model_case
+from hotloop.cli import main as cli_main
 from hotloop.engine.parity import check_parity
 from hotloop.hparams import HParams
 from hotloop.optim import build_optimizer, sparse_gradient_modules
@@ -60,6 +60,17 @@ def test_sparse_gradient_detection():
 
 
 TINY = "batch_size=4,hidden_size=8,filter_size=32,num_layers=2,train_length=5"
+
+
+def explain_main(argv):
+    return cli_main(["explain", "--device", "cpu", *argv])
+
+
+def test_explain_with_no_arguments_explains_the_default_run(capsys):
+    assert cli_main(["explain"]) == 0
+    out = capsys.readouterr().out
+    assert "algorithmic_reverse / transformer / transformer_algorithmic" in out
+    assert "== effective strategy ==" in out and "fallback: none" in out
 
 
 @pytest.mark.timeout(120)

@@ -1,12 +1,17 @@
-"""Every registered model trains identically under each strategy (K=3 steps vs eager fp32)."""
+"""Every registered model trains identically under each strategy (K=3 steps vs eager fp32).
+
+Every built-in model must have a case in ``hotloop.testing.CASES``: a missing
+case, an import error or missing data fails here. Only models that a user (or
+another test) registered at run time are skipped.
+"""
 import pytest
 import torch
 
 import hotloop  # noqa: F401 - declares the built-in registry names
 from hotloop.engine import Strategy
-from hotloop.engine.cases import CaseUnavailable, model_case
 from hotloop.engine.parity import check_parity
 from hotloop.registry import models
+from hotloop.testing import CASES, MissingCaseError, builtin_model_names, model_case, models_without_case
 
 STRATEGIES = {
     "eager_fused_opt": Strategy(fused_optimizer=True),
@@ -25,10 +30,9 @@ KNOWN_FALLBACKS = {"lstm_seq2seq": "mkldnn_rnn_layer"}
 
 
 def _build(name):
-    try:
-        return model_case(name, "tiny", steps=3)
-    except CaseUnavailable as exc:
-        pytest.skip(str(exc))
+    if name not in builtin_model_names() and name not in CASES:
+        pytest.skip(f"{name!r} is registered by a user, not built in: no case to run")
+    return model_case(name, "tiny", steps=3)
 
 
 @pytest.mark.slow
@@ -60,10 +64,18 @@ def test_every_strategy_matches_eager_fp32(name):
     assert not failures, "\n".join(failures)
 
 
-def test_matrix_covers_the_core_models():
-    for name in ("transformer", "mlp", "lstm_seq2seq"):
-        assert name in models.names()
-        model_case(name, "tiny")            # they must have a small case
+def test_every_builtin_model_has_a_case():
+    assert not models_without_case(), (
+        f"built-in models without a case in hotloop.testing.CASES: {models_without_case()}")
+    for name in ("transformer", "mlp", "lstm_seq2seq", "conv_net", "lstm_lm"):
+        assert name in builtin_model_names()
+
+
+def test_a_model_without_a_case_is_an_error_not_a_skip():
+    with pytest.raises(MissingCaseError, match="no case"):
+        model_case("no_such_model_here", "tiny")
+    with pytest.raises(ValueError, match="size"):
+        model_case("mlp", "huge")
 
 
 def test_lstm_seq2seq_nn_lstm_falls_back_with_reason():

@@ -3,7 +3,9 @@ import pytest
 import torch
 from torch import nn
 
-from hotloop.engine import Strategy, StrategyError, compile_step, parse_strategy
+from hotloop.engine import Strategy, StrategyError, build_step
+from hotloop.engine.step import compile_step
+from hotloop.hparams import HParams
 from hotloop.engine.flags import apply_device_flags, current_flags
 
 
@@ -26,11 +28,11 @@ def test_invalid_or_inapplicable_fields_are_rejected(fields, message):
 
 
 def test_valid_graph_strategy_passes_and_overrides_parse():
-    s = parse_strategy(None, "backend=graph,graph_passes=true,executor=parallel,disabled_passes=dce:unbind_slices")
+    s = Strategy.parse("backend=graph,graph_passes=true,executor=parallel,disabled_passes=dce:unbind_slices")
     assert s.validate("cpu") is s
     assert s.disabled_passes == ("dce", "unbind_slices")
     with pytest.raises(StrategyError, match="unknown strategy field"):
-        parse_strategy(None, "backendd=graph")
+        Strategy.parse("backendd=graph")
 
 
 class _SparseModel(nn.Module):
@@ -40,19 +42,32 @@ class _SparseModel(nn.Module):
         self.out = nn.Linear(4, 2)
 
 
+def _sgd(params, fused):
+    return torch.optim.SGD(params, lr=0.1)
+
+
 def test_fused_optimizer_with_sparse_gradients_is_an_error():
     model = _SparseModel()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(StrategyError, match="sparse gradients.*emb"):
-        compile_step(model, None, opt, Strategy(fused_optimizer=True))
-    compile_step(model, None, opt, Strategy(fused_optimizer=False))  # allowed
+        build_step(model, HParams(), Strategy(fused_optimizer=True), optimizer=_sgd)
+    build_step(model, HParams(), Strategy(fused_optimizer=False), optimizer=_sgd)  # allowed
 
 
 def test_channels_last_without_convolutions_is_an_error():
-    model = nn.Linear(3, 3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(StrategyError, match="channels_last"):
-        compile_step(model, None, opt, Strategy(channels_last=True))
+        build_step(nn.Linear(3, 3), HParams(), Strategy(channels_last=True), optimizer=_sgd)
+
+
+def test_strategy_parses_overrides_and_files_with_one_set_of_checks(tmp_path):
+    assert Strategy.parse_overrides("precision=bf16,prefetch=3") == {"precision": "bf16", "prefetch": 3}
+    path = tmp_path / "s.json"
+    path.write_text('{"disabled_passes": ["dce"], "graph_passes": true, "backend": "graph"}')
+    assert Strategy.from_file(path) == Strategy(disabled_passes=("dce",), graph_passes=True, backend="graph")
+    path.write_text('{"prefetch": "many"}')
+    with pytest.raises(StrategyError, match="strategy file .*prefetch"):
+        Strategy.from_file(path)
+    with pytest.raises(StrategyError, match="unknown strategy field 'precison'"):
+        Strategy.parse("precison=bf16")
 
 
 def test_compile_step_wires_fused_optimizer_flag():

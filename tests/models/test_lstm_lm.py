@@ -316,3 +316,30 @@ def test_training_on_a_repeating_stream_lowers_loss() -> None:
         state = result.state
         losses.append(float(result.stats["nll_sum"]) / float(result.stats["tokens"]))
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+#: hparams as a checkpoint of lstm_lm_small (hidden 16) stored them: the class by name, the fields as JSON
+SAVED_HPARAMS = (
+    '{"batch_size": 20, "max_length": 20, "optimizer": "sgd", "learning_rate": 1.0, "lr_schedule": "epoch_decay", '
+    '"lr_decay": 0.5, "lr_decay_start_epoch": 4, "max_grad_norm": 5.0, "max_epochs": 13, "hidden_size": 16, '
+    '"num_layers": 2, "init_scale": 0.1, "lstm_impl": "bptt", "lstm_gemm_dtype": "fp32", "fused_ce": true, '
+    '"ce_chunk_rows": 7, "ce_gemm_dtype": "bf16", "loss_sum_over_time": false, "tie_embeddings": true, '
+    '"__class__": "hotloop.models.lstm_lm:LSTMLMHParams"}')
+
+
+def test_speed_knobs_are_typed_fields_and_saved_hparams_load() -> None:
+    import json
+
+    from hotloop.hparams import HParams, apply_overrides, hparams_from_dict
+    from hotloop.models.lstm_lm import LSTMLMHParams
+    hp = hparams_from_dict(json.loads(SAVED_HPARAMS))
+    assert type(hp) is LSTMLMHParams
+    assert (hp.lstm_impl, hp.ce_chunk_rows, hp.ce_gemm_dtype, hp.loss_sum_over_time, hp.tie_embeddings) == (
+        "bptt", 7, "bf16", False, True)
+    model = LSTMLM(hp, SPEC)
+    assert model.output.weight is model.embedding.weight              # tie_embeddings reached the model
+    with pytest.raises(Exception, match="unknown hparam 'lstm_implementation'"):
+        apply_overrides(hp, "lstm_implementation=bptt")                # a typo is an error, not a default
+    assert apply_overrides(hp, "fused_ce=false,ce_chunk_rows=3").ce_chunk_rows == 3
+    with pytest.raises(ModelMismatchError, match="LSTMLMHParams"):
+        LSTMLM(HParams(hidden_size=12), SPEC)                           # plain HParams: refused, clearly

@@ -5,7 +5,7 @@ global-norm clipping that actually clips, several gradient buckets; a conv
 classifier and a streamed LSTM LM carrying its state. Also: a Reduce-mode
 checkpoint resumes in one process, a one-process checkpoint resumes on two
 ranks, and Reduce mode keeps about half the optimizer state per rank. The
-same through the Trainer (``dist=DistContext``), with its checkpoint files.
+same through the Trainer (``dist=ProcessGroupContext``), with its checkpoint files.
 One 2-process job (spawned once per module) runs every distributed part.
 """
 from __future__ import annotations
@@ -106,17 +106,17 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from hotloop.parallel import DistContext, optimizer_state_bytes
+    from hotloop.parallel import ProcessGroupContext, optimizer_state_bytes
     from hotloop.parallel.group import init_process_group
     init_process_group("gloo", timeout_s=60)
     results = {}
     for case in (conv_case(), lstm_case()):
         start = torch.load(Path(out_dir) / f"{case.name}_start.pt", weights_only=True)
         for mode in ("allreduce", "reduce"):
-            first = train(case, DistContext(mode, BUCKET_MB), STEPS)
-            resumed = train(case, DistContext(mode, BUCKET_MB), STEPS, init=start)
+            first = train(case, ProcessGroupContext(mode, BUCKET_MB), STEPS)
+            resumed = train(case, ProcessGroupContext(mode, BUCKET_MB), STEPS, init=start)
             results[f"{case.name}/{mode}"] = {"first": first, "resumed": resumed}
-        ctx = DistContext("reduce", BUCKET_MB)
+        ctx = ProcessGroupContext("reduce", BUCKET_MB)
         torch.manual_seed(0)
         model = case.make_model()
         _, sharded, _ = ctx.wrap(model, build_optimizer(model.parameters(), case.hp))
@@ -124,10 +124,10 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         train_step([next(iter(ctx.shard_reader(case.make_reader())))])
         results[f"{case.name}/state_bytes"] = torch.tensor(optimizer_state_bytes(sharded))
     for mode in ("allreduce", "reduce"):  # the Trainer: 3 steps, and 1 process's step-3 checkpoint to 5
-        trainer_run(Path(out_dir, mode), 3, mode, DistContext(mode, BUCKET_MB)).fit()
+        trainer_run(Path(out_dir, mode), 3, mode, ProcessGroupContext(mode, BUCKET_MB)).fit()
         trainer_run(Path(out_dir, f"{mode}-from-1"), 5, mode,
-                    DistContext(mode, BUCKET_MB)).fit(resume=Path(out_dir, "single-3.ckpt"))
-        lstm_trainer_run(Path(out_dir, f"lstm-{mode}"), 4, mode, DistContext(mode, BUCKET_MB)).fit()
+                    ProcessGroupContext(mode, BUCKET_MB)).fit(resume=Path(out_dir, "single-3.ckpt"))
+        lstm_trainer_run(Path(out_dir, f"lstm-{mode}"), 4, mode, ProcessGroupContext(mode, BUCKET_MB)).fit()
     gathered = [None] * WORLD
     torch.distributed.all_gather_object(gathered, {k: v for k, v in results.items()
                                                    if k.endswith("state_bytes")})

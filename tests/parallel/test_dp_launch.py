@@ -21,12 +21,12 @@ def _worker_main(argv: list[str]) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     import torch
-    from hotloop.parallel import DistContext
+    from hotloop.parallel import ProcessGroupContext
     from hotloop.parallel.launch import worker_entry
 
     @worker_entry
     def main() -> None:
-        ctx = DistContext.from_env()
+        ctx = ProcessGroupContext.from_env()
         Path(args.out, f"pid_{ctx.rank}").write_text(str(os.getpid()))
         total = ctx.all_reduce_stats({"x": torch.tensor(1.0)})["x"]
         assert float(total) == ctx.world_size

@@ -110,7 +110,7 @@ def test_wrapped_model_routes_training_calls_and_refuses_deepcopy(monkeypatch: p
     import torch.distributed as dist
 
     from hotloop.models.conv import ConvNet, ConvNetHParams
-    from hotloop.parallel import DistContext
+    from hotloop.parallel import ProcessGroupContext
     from hotloop.problems.synthetic_images import SyntheticImages
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,7 +120,7 @@ def test_wrapped_model_routes_training_calls_and_refuses_deepcopy(monkeypatch: p
         hp = ConvNetHParams(image_size=8, conv_channels=(4,), batch_size=4)
         model = ConvNet(hp, SyntheticImages().spec(hp))
         keys = list(model.state_dict())
-        ctx = DistContext("reduce", 1.0)
+        ctx = ProcessGroupContext("reduce", 1.0)
         wrapped, optimizer, no_sync = ctx.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
         assert wrapped is model and list(model.state_dict()) == keys and no_sync is not None
         calls = []

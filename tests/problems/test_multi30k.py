@@ -8,15 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("sentencepiece")
+import sentencepiece  # noqa: F401,E402 - in the [test] extra: a missing one is a failure, not a skip
 
+from helpers import raw_data_dir, require_raw_data  # noqa: E402
 from hotloop.data import ChecksumError, DataError  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.problems.multi30k import MULTI30K_PAIRS, MULTI30K_SHA256, Multi30kDeEn, fetch_multi30k  # noqa: E402
 from hotloop.registry import problems  # noqa: E402
 
-RAW = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "multi30k"
-pytestmark = pytest.mark.skipif(not (RAW / "train.de.gz").is_file(), reason=f"Multi30k not found at {RAW}")
+RAW = raw_data_dir("multi30k")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def m30k_raw_data() -> Path:
+    """Every test here needs the raw files: skipped without them, failed under CI=true."""
+    return require_raw_data(RAW / "train.de.gz", "Multi30k")
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +30,6 @@ def m30k(tmp_path_factory) -> Multi30kDeEn:
     problem = Multi30kDeEn(data_dir=tmp_path_factory.mktemp("m30k_data"), raw_dir=RAW)
     problem.prepare()
     return problem
-
-
 
 
 def _hp(**kw):
@@ -124,3 +128,31 @@ def test_download_from_local_mirror_and_mismatch(http_dir, tmp_path):
     with pytest.raises(ChecksumError, match="test_2016_flickr.de.gz"):
         fetch_multi30k(tmp_path / "bad", base_url=url)
     assert not (tmp_path / "bad" / "test_2016_flickr.de.gz").exists()
+
+
+def test_accumulation_weights_every_token_equally(m30k):
+    """accum_steps=2 over two bucketed batches with different token counts == one batch of both."""
+    import torch.nn.functional as F
+
+    from hotloop.engine import Strategy, build_step
+    from hotloop.registry import models
+    from hotloop.train.build import build_model
+    hp = _hp(hidden_size=32, num_layers=1, num_heads=2, filter_size=64, dropout=0.0, label_smoothing=0.0,
+             optimizer="sgd", learning_rate=0.5, max_grad_norm=0.0, batch_tokens=600)
+    it = iter(m30k.reader("train", hp, shuffle=False))
+    first, second = next(it), next(it)
+    assert (first["targets"] != 0).sum() != (second["targets"] != 0).sum()      # unequal token counts
+    width = {k: max(first[k].shape[1], second[k].shape[1]) for k in ("inputs", "targets")}
+    both = {k: torch.cat([F.pad(b[k], (0, width[k] - b[k].shape[1])) for b in (first, second)])
+            for k in ("inputs", "targets")}
+    params = []
+    for micro in ([first, second], [both]):
+        model = build_model(models.get("transformer"), hp, m30k.spec(hp))
+        result = build_step(model, hp, Strategy(fused_optimizer=False)).step([dict(b) for b in micro])
+        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        assert int(result.stats["tokens"]) == int((both["targets"] != 0).sum())
+    torch.testing.assert_close(params[0], params[1], rtol=0, atol=2e-6)
+    # the per-micro-batch mean divided by k (equal weights) is measurably different
+    model = build_model(models.get("transformer"), hp, m30k.spec(hp))
+    initial = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert (params[1] - initial).abs().max() > 1e-3

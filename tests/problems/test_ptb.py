@@ -9,13 +9,19 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import raw_data_dir, require_raw_data
 from hotloop.data import ChecksumError, DataError
 from hotloop.hparams import HParams
 from hotloop.problems.ptb import PTB_TOKENS, PTBLanguageModel, fetch_ptb, read_words
 from hotloop.registry import problems
 
-RAW = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ptb"
-pytestmark = pytest.mark.skipif(not (RAW / "ptb.train.txt").is_file(), reason=f"PTB not found at {RAW}")
+RAW = raw_data_dir("ptb")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ptb_raw_data() -> Path:
+    """Every test here needs the raw files: skipped without them, failed under CI=true."""
+    return require_raw_data(RAW / "ptb.train.txt", "PTB")
 
 
 @pytest.fixture(scope="session")
@@ -23,8 +29,6 @@ def ptb(tmp_path_factory) -> PTBLanguageModel:
     problem = PTBLanguageModel(data_dir=tmp_path_factory.mktemp("ptb_data"), raw_dir=RAW)
     problem.prepare()
     return problem
-
-
 
 
 def test_registered_and_spec():

@@ -1,31 +1,12 @@
-"""Tiny problem/model fixtures shared by the autotune and profile tests."""
+"""Tiny problem/model fixtures shared by the autotune and profile tests (helpers: tests/helpers.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from helpers import TinyTagger
 
-from hotloop.models.base import SequenceModel
 from hotloop.problems.algorithmic import AlgorithmicHParams
 from hotloop.registry import problems
-
-
-class TinyTagger(SequenceModel):
-    """A user model that is *not* registered: embedding -> linear -> tanh -> output, per position."""
-
-    tasks = ("seq2seq",)
-
-    def __init__(self, hp, spec) -> None:
-        super().__init__(hp, spec)
-        self.embed = nn.Embedding(spec.input_vocab_size, hp.hidden_size)
-        self.mix = nn.Linear(hp.hidden_size, hp.hidden_size)
-        self.out = nn.Linear(hp.hidden_size, spec.target_vocab_size)
-
-    def forward(self, batch, state=None):
-        x = self.embed(batch["inputs"])                       # [B, S, H]
-        steps = batch["targets"].shape[1]
-        x = nn.functional.pad(x, (0, 0, 0, max(0, steps - x.shape[1])))[:, :steps]  # [B, T, H]
-        return self.out(torch.tanh(self.mix(x))), None        # [B, T, V]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_trainer, tiny_hp
+from helpers import make_trainer, tiny_hp
 from hotloop.train.checkpoint import (CheckpointError, CheckpointManager, decode_plain, encode_plain,
                                       load_checkpoint, save_checkpoint)
 
@@ -111,7 +111,7 @@ def test_trainer_keeps_last_and_best(out):
 _KILL_SCRIPT = """
 import sys
 sys.path[:0] = [{repo!r}, {tests!r}]
-from conftest import make_trainer
+from helpers import make_trainer
 make_trainer({out!r}, max_steps=6, checkpoint_every=1).fit()
 """
 
@@ -119,7 +119,7 @@ make_trainer({out!r}, max_steps=6, checkpoint_every=1).fit()
 @pytest.mark.timeout(120)
 def test_sigkill_while_writing_leaves_previous_checkpoint_loadable(tmp_path):
     out = tmp_path / "run"
-    script = _KILL_SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests" / "train"), out=str(out))
+    script = _KILL_SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(out))
     env = {**os.environ, "HOTLOOP_TEST_CHECKPOINT_PAUSE": "3:60"}  # pause before renaming step 3
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from conftest import make_trainer
+from helpers import make_trainer
 from hotloop.train.loggers import ConsoleLogger, JsonlLogger, ProgressBar
 from hotloop.train.metrics import StatsAccumulator, summarize
 

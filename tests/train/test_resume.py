@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TinyStreamLM, make_trainer, params_of, tiny_hp, tiny_lm_hp
+from helpers import TinyStreamLM, make_trainer, params_of, tiny_hp, tiny_lm_hp
 from hotloop.engine import Strategy
 from hotloop.train import Callback, Event
 

@@ -9,11 +9,13 @@ import signal
 import pytest
 import torch
 
-from conftest import ListReader, make_trainer, params_of, tiny_hp
+from helpers import ListReader, make_trainer, params_of, tiny_hp
 from hotloop.engine import Strategy, StrategyError
 from hotloop.problems.algorithmic import Reverse
 from hotloop.train import Callback, EarlyStopping, Event, TrainerError
+from hotloop.train.build import build_model
 from hotloop.train.checkpoint import load_checkpoint
+from hotloop.registry import models, problems
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -172,39 +174,33 @@ def test_compute_bound_run_does_not_warn(out):
     assert not [n for n in trainer.notices if "waiting for data" in n]
 
 
-def test_auto_strategy_falls_back_or_uses_autotune(monkeypatch):
-    import builtins
-    real_import = builtins.__import__
-
-    def no_autotune(name, *args, **kwargs):
-        if name.endswith("tools.autotune") or (args and args[2] and "autotune" in args[2] and "tools" in name):
-            raise ModuleNotFoundError("No module named 'hotloop.tools.autotune'", name="hotloop.tools.autotune")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_autotune)
-    from hotloop.train.trainer import resolve_strategy
-    notes: list[str] = []
-    assert resolve_strategy("auto", log=notes.append) == Strategy()
-    assert notes and "not available" in notes[0]
+def test_trainer_takes_only_a_strategy():
+    with pytest.raises(TrainerError, match="must be a Strategy"):
+        make_trainer(None, max_steps=2, strategy="auto")
 
 
-def test_auto_strategy_calls_autotune_with_the_run(monkeypatch):
-    import sys
-    import types
+def test_plan_strategy_tunes_then_applies_the_overrides(monkeypatch):
+    from hotloop.train import plan
     calls = {}
 
-    def auto_strategy(model, problem, hp, device, planned_steps, log=print):
-        calls.update(model=model, hp=hp, device=device, planned_steps=planned_steps)
+    def fake_auto(model, problem, hp, device, *, planned=None, max_time=None, log=print):
+        calls.update(model=model, device=str(device), max_time=max_time)
         log("tuned")
-        return Strategy(prefetch=0, sync_every=7)
+        return Strategy(prefetch=0, sync_every=7, fused_optimizer=False)
 
-    fake = types.ModuleType("hotloop.tools.autotune")
-    fake.auto_strategy = auto_strategy
-    monkeypatch.setitem(sys.modules, "hotloop.tools.autotune", fake)
-    trainer = make_trainer(None, max_steps=0, max_epochs=3, strategy=None)
-    assert trainer.strategy.sync_every == 7 and trainer.log_every == 7
-    assert calls["model"] is trainer.model and calls["planned_steps"] == 3 * 8
-    assert "tuned" in trainer.notices
+    monkeypatch.setattr(plan, "auto_strategy", fake_auto)
+    hp = tiny_hp()
+    problem = problems.get("algorithmic_reverse")()
+    model = build_model(models.get("transformer"), hp, problem.spec(hp))
+    request = plan.StrategyRequest.parse("auto", "fused_optimizer=true,sync_every=3", "cpu")
+    notes: list[str] = []
+    chosen = plan.plan_strategy(request, model=model, problem=problem, hp=hp, device="cpu", max_time=9.0,
+                                log=notes.append)
+    assert calls == {"model": model, "device": "cpu", "max_time": 9.0} and notes == ["tuned"]
+    assert chosen == Strategy(prefetch=0, sync_every=3, fused_optimizer=True)   # the overrides win
+    fixed = plan.StrategyRequest.parse("default", "prefetch=0", "cpu")
+    assert plan.plan_strategy(fixed, model=model, problem=problem, hp=hp, device="cpu") == Strategy(prefetch=0)
+    assert calls["max_time"] == 9.0 and len(notes) == 1                         # "default" never tunes
 
 
 def test_empty_reader_and_bad_accumulation_are_errors():

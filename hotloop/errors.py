@@ -1,0 +1,13 @@
+"""The one base class of errors a user can cause and fix.
+
+The CLI reports any :class:`UserError` as one line ``hotloop: error: ...``
+and exits 2. Library errors that describe bad input (names, overrides,
+data, checkpoints, strategies) subclass it.
+"""
+from __future__ import annotations
+
+__all__ = ["UserError"]
+
+
+class UserError(Exception):
+    """Bad input: an unknown name, a bad value, unusable data or files."""

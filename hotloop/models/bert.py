@@ -1,0 +1,180 @@
+"""BERT (Devlin et al., 2019) with its two pretraining heads (``task="pretrain"``).
+
+Token + learned position + segment embeddings -> LayerNorm -> post-LN
+Transformer encoder layers (GELU feed-forward) -> a masked-LM head (dense +
+GELU + LayerNorm, then the word embedding matrix transposed, plus a bias)
+evaluated only at the ``mlm_positions`` of the batch, and a next-sentence head
+on the tanh-pooled ``[CLS]`` state. ``bert_base`` is BERT-base (12 layers,
+768 wide, 12 heads, 110M parameters with the 30,522-piece vocabulary);
+``bert_small`` has BERT-mini's shape (4 layers, 256 wide) and ``bert_tiny``
+(2 layers, 128 wide) trains in minutes on a small CPU.
+
+Batches (see :mod:`hotloop.problems.bert_pretrain`): ``inputs``,
+``segment_ids`` ``[B, T]``; ``mlm_positions``, ``targets`` ``[B, P]`` (target 0 =
+no prediction); ``nsp_targets`` ``[B]``. ``forward`` returns the MLM logits
+``[B, P, V]``; the loss is the mean MLM cross-entropy plus the mean NSP
+cross-entropy. Stats: MLM ``nll_sum``/``tokens``/``correct`` and
+``nsp_nll_sum``/``nsp_correct`` over ``examples``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..problems.base import Batch, ProblemSpec
+from ..problems.bert_pretrain import BertPretrainHParams
+from ..registry import hparams_sets, models
+from .base import LossOutput, SequenceModel, token_stats
+
+__all__ = ["BERT", "BertHParams", "BertLayer", "bert_base", "bert_small", "bert_tiny"]
+
+
+@dataclass(frozen=True)
+class BertHParams(BertPretrainHParams):
+    max_positions: int = 512        # learned position embeddings
+    type_vocab_size: int = 2        # segments A and B
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+
+
+class BertLayer(nn.Module):
+    """Post-LN encoder layer: x = LN(x + attn(x)); x = LN(x + FFN_gelu(x))."""
+
+    def __init__(self, hidden: int, heads: int, filter_size: int, dropout: float, attention_dropout: float,
+                 eps: float) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"bert: hidden_size={hidden} is not divisible by num_heads={heads}")
+        self.heads, self.attention_dropout = heads, attention_dropout
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.attn_out = nn.Linear(hidden, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.ffn_in = nn.Linear(hidden, filter_size)
+        self.ffn_out = nn.Linear(filter_size, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, attend: Tensor) -> Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)  # [B, nh, T, dh]
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attend,
+                                           dropout_p=self.attention_dropout if self.training else 0.0)
+        a = a.transpose(1, 2).reshape(b, t, h)                                      # [B, T, H]
+        x = self.attn_norm(x + self.dropout(self.attn_out(a)))
+        y = self.ffn_out(F.gelu(self.ffn_in(x)))                                   # [B, T, H]
+        return self.ffn_norm(x + self.dropout(y))
+
+
+@models.register("bert")
+class BERT(SequenceModel):
+    """Encoder + MLM head (tied to the word embeddings) + NSP head."""
+
+    tasks = ("pretrain",)
+
+    def __init__(self, hp: BertHParams, spec: ProblemSpec) -> None:
+        super().__init__(hp, spec)
+        if not isinstance(hp, BertHParams):
+            raise TypeError(f"bert needs BertHParams (e.g. --hparams bert_small), got {type(hp).__name__}")
+        if spec.max_input_length > hp.max_positions:
+            raise ValueError(f"bert: max_length={spec.max_input_length} exceeds max_positions={hp.max_positions}")
+        h, vocab = hp.hidden_size, spec.input_vocab_size
+        self.word_embedding = nn.Embedding(vocab, h, padding_idx=spec.pad_id)
+        self.position_embedding = nn.Embedding(hp.max_positions, h)
+        self.segment_embedding = nn.Embedding(hp.type_vocab_size, h)
+        self.embed_norm = nn.LayerNorm(h, eps=hp.layer_norm_eps)
+        self.dropout = nn.Dropout(hp.dropout)
+        self.layers = nn.ModuleList(
+            BertLayer(h, hp.num_heads, hp.filter_size, hp.dropout, hp.attention_dropout, hp.layer_norm_eps)
+            for _ in range(hp.num_layers))
+        self.pooler = nn.Linear(h, h)
+        self.nsp_head = nn.Linear(h, 2)
+        self.mlm_transform = nn.Linear(h, h)
+        self.mlm_norm = nn.LayerNorm(h, eps=hp.layer_norm_eps)
+        self.mlm_bias = nn.Parameter(torch.zeros(vocab))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, initializer_range) weights, zero biases, unit LayerNorms (as BERT)."""
+        std = self.hp.initializer_range
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=std)
+                if isinstance(m, nn.Linear) and m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        with torch.no_grad():
+            self.word_embedding.weight[self.spec.pad_id].zero_()
+        nn.init.zeros_(self.mlm_bias)
+
+    def encode(self, batch: Batch) -> Tensor:
+        """Final hidden states [B, T, H]."""
+        ids = batch["inputs"]                                                       # [B, T]
+        positions = torch.arange(ids.shape[1], device=ids.device)                   # [T]
+        x = self.word_embedding(ids) + self.position_embedding(positions) \
+            + self.segment_embedding(batch["segment_ids"])                         # [B, T, H]
+        x = self.dropout(self.embed_norm(x))
+        attend = (ids != self.spec.pad_id)[:, None, None, :]                        # [B, 1, 1, T]
+        for layer in self.layers:
+            x = layer(x, attend)
+        return x
+
+    def heads(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """(MLM logits [B, P, V] at ``mlm_positions``, NSP logits [B, 2])."""
+        x = self.encode(batch)                                                      # [B, T, H]
+        positions = batch["mlm_positions"]                                          # [B, P]
+        picked = torch.gather(x, 1, positions.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, P, H]
+        picked = self.mlm_norm(F.gelu(self.mlm_transform(picked)))
+        mlm_logits = F.linear(picked, self.word_embedding.weight, self.mlm_bias)    # [B, P, V]
+        nsp_logits = self.nsp_head(torch.tanh(self.pooler(x[:, 0])))                # [B, 2]
+        return mlm_logits, nsp_logits
+
+    def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
+        return self.heads(batch)[0], None
+
+    def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:
+        mlm_logits, nsp_logits = self.heads(batch)
+        mlm_loss, stats = token_stats(mlm_logits, batch["targets"], with_accuracy=with_accuracy,
+                                      pad_id=self.spec.pad_id)
+        stats.pop("seq_correct", None)
+        nsp_targets = batch["nsp_targets"]                                          # [B]
+        nsp_nll = F.cross_entropy(nsp_logits.float(), nsp_targets, reduction="sum")
+        stats["nsp_nll_sum"] = nsp_nll.detach()
+        if with_accuracy:
+            stats["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_targets).sum()
+        loss = mlm_loss + nsp_nll / nsp_targets.shape[0]
+        return LossOutput(loss, stats, None, mlm_logits)
+
+
+@hparams_sets.register("bert_base")
+def bert_base() -> BertHParams:
+    """BERT-base: 12 layers, 768 hidden, 12 heads, 3072 feed-forward, dropout 0.1, T=128;
+    Adam(W) 1e-4, 10k warmup steps (the paper's linear decay; rsqrt here)."""
+    return BertHParams(hidden_size=768, num_layers=12, num_heads=12, filter_size=3072, dropout=0.1,
+                       attention_dropout=0.1, max_length=128, batch_size=32, optimizer="adamw",
+                       learning_rate=1e-4, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-6,
+                       weight_decay=0.01, warmup_steps=10000, lr_schedule="rsqrt_decay",
+                       max_steps=1_000_000, max_grad_norm=1.0)
+
+
+@hparams_sets.register("bert_small")
+def bert_small() -> BertHParams:
+    """4 layers, 256 hidden, 4 heads, 1024 feed-forward, T=128, batch 32: a CPU-sized BERT."""
+    return BertHParams(hidden_size=256, num_layers=4, num_heads=4, filter_size=1024, dropout=0.1,
+                       attention_dropout=0.1, max_length=128, batch_size=32, optimizer="adamw",
+                       learning_rate=5e-4, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-6,
+                       weight_decay=0.01, warmup_steps=500, lr_schedule="cosine", max_steps=6000,
+                       max_grad_norm=1.0)
+
+
+@hparams_sets.register("bert_tiny")
+def bert_tiny() -> BertHParams:
+    """2 layers, 128 hidden, 2 heads, 512 feed-forward, T=128, batch 32: minutes on a 2-core CPU."""
+    return bert_small().replace(hidden_size=128, num_layers=2, num_heads=2, filter_size=512,
+                                learning_rate=1e-3, max_steps=3000)

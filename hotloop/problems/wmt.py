@@ -1,0 +1,191 @@
+"""WMT English -> German translation at news-commentary size (T2T's ``translate_ende`` workflow).
+
+Training pairs come from News Commentary v14 (about 338k pairs, a de<TAB>en
+TSV), validation is newstest2013 (plain text, WMT16 dev archive) and test
+newstest2014 (SGML ``<seg>`` lines, WMT14 test archive, as sacreBLEU's wmt14). Datagen
+downloads what is missing from :data:`WMT_RAW_FILES`, checks each file's
+sha256, trains a shared SentencePiece BPE vocabulary on the training text
+(ids 0 pad, 1 EOS, 2 unk), appends EOS to every sentence and writes ragged
+shards, as :mod:`hotloop.problems.multi30k` does.
+
+Checksums: a table entry whose ``sha256`` is ``None`` is not pinned yet; such
+a file is accepted on download and its digest is logged so it can be pinned
+in :data:`WMT_RAW_FILES`. Tests replace the table (``raw_files``) with fixture
+files and their digests served from a local HTTP server.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable
+
+from ..data.datagen import write_ragged_split
+from ..data.download import default_data_dir, default_raw_dir, download, extract_members, file_digest, verify_file
+from ..data.errors import DataError
+from ..data.reader import Reader
+from ..data.shards import ShardWriter
+from ..data.sources import from_shards
+from ..hparams import HParams
+from ..models.encoder_decoder import Seq2SeqHParams
+from ..registry import problems
+from .base import ProblemSpec
+from .prepared import PreparedProblem
+from .text_encoders import SubwordEncoder
+
+__all__ = ["RawFile", "WMT_RAW_FILES", "WMT_EVAL_SETS", "TranslateWmtEnDe", "fetch_raw_files", "read_sgm"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RawFile:
+    url: str
+    sha256: str | None    # None: not pinned (accepted, digest logged)
+
+
+WMT_RAW_FILES: dict[str, RawFile] = {
+    "news-commentary-v14.de-en.tsv.gz": RawFile(
+        "https://data.statmt.org/news-commentary/v14/training/news-commentary-v14.de-en.tsv.gz", None),
+    "dev.tgz": RawFile("https://data.statmt.org/wmt16/translation-task/dev.tgz", None),
+    "test-full.tgz": RawFile("https://statmt.org/wmt14/test-full.tgz", None),
+}
+#: split -> (archive, member holding English, member holding German)
+WMT_EVAL_SETS = {"valid": ("dev.tgz", "dev/newstest2013.en", "dev/newstest2013.de"),
+                 "test": ("test-full.tgz", "test-full/newstest2014-deen-src.en.sgm",
+                          "test-full/newstest2014-deen-ref.de.sgm")}
+DEFAULT_MAX_LENGTH = 256
+_SEG = re.compile(r"<seg[^>]*>(.*)</seg>")
+
+
+def fetch_raw_files(raw_dir: str | Path, table: dict[str, RawFile]) -> dict[str, Path]:
+    """Make every file of ``table`` present in ``raw_dir`` (downloading what is missing), checked."""
+    raw_dir = Path(raw_dir)
+    paths = {}
+    for name, entry in table.items():
+        path = raw_dir / name
+        if not path.is_file():
+            download(entry.url, path, expected=entry.sha256)
+        if entry.sha256 is None:
+            log.warning("%s: checksum not pinned; its sha256 is %s", path, file_digest(path))
+        else:
+            verify_file(path, entry.sha256)
+        paths[name] = path
+    return paths
+
+
+def read_sgm(path: Path) -> list[str]:
+    """The ``<seg>`` texts of an SGML test set, in order."""
+    text = _read_text(path)
+    return [m.group(1).strip() for m in _SEG.finditer(text)]
+
+
+def _read_text(path: Path) -> str:
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read text ({exc})") from exc
+
+
+def _read_plain(path: Path) -> list[str]:
+    return read_sgm(path) if path.suffix == ".sgm" else [line.strip() for line in _read_text(path).splitlines()]
+
+
+@problems.register("translate_wmt_en_de_nc")
+class TranslateWmtEnDe(PreparedProblem):
+    """English -> German; batches ``{"inputs": [B, S], "targets": [B, T]}`` int64, 0-padded."""
+
+    task: ClassVar[str] = "seq2seq"
+    eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
+    default_hparams: ClassVar[str] = "transformer_base"
+    raw_files: ClassVar[dict[str, RawFile]] = WMT_RAW_FILES
+    vocab_size: ClassVar[int] = 32_000
+    train_file: ClassVar[str] = "news-commentary-v14.de-en.tsv.gz"
+
+    def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
+        super().__init__(data_dir or default_data_dir("translate_wmt_en_de_nc"), raw_dir or default_raw_dir("wmt"))
+        self._encoder: SubwordEncoder | None = None
+
+    @property
+    def config(self) -> dict[str, Any]:  # type: ignore[override]
+        return {"format": "wmt-en-de-spm-bpe-v1", "vocab_size": self.vocab_size, "shared_vocab": True,
+                "sha256": {name: f.sha256 for name, f in self.raw_files.items()}}
+
+    def spec(self, hp: HParams) -> ProblemSpec:
+        length = hp.max_length or DEFAULT_MAX_LENGTH
+        return ProblemSpec(task="seq2seq", input_vocab_size=self.vocab_size, target_vocab_size=self.vocab_size,
+                           max_input_length=length, max_target_length=length)
+
+    def split_text(self, split: str) -> dict[str, list[str]]:
+        """Raw text of ``split``: ``{"inputs": English, "targets": German}``, one line per pair."""
+        assert self.raw_dir is not None
+        paths = fetch_raw_files(self.raw_dir, self.raw_files)
+        if split == "train":
+            english, german = [], []
+            for number, line in enumerate(_read_text(paths[self.train_file]).splitlines(), 1):
+                fields = line.split("\t")
+                if len(fields) != 2:
+                    raise DataError(f"{paths[self.train_file]} line {number}: expected de<TAB>en")
+                de, en = fields[0].strip(), fields[1].strip()
+                if de and en:   # the corpus has unaligned (one-sided) lines
+                    english.append(en)
+                    german.append(de)
+            return {"inputs": english, "targets": german}
+        if split not in WMT_EVAL_SETS:
+            raise ValueError(f"unknown split {split!r}; use train, valid or test")
+        archive, *members = WMT_EVAL_SETS[split]
+        out_dir = self.raw_dir / archive.split(".")[0]
+        if not all((out_dir / Path(m).name).is_file() for m in members):
+            extract_members(paths[archive], {m: Path(m).name for m in members}, out_dir)
+        english, german = (_read_plain(out_dir / Path(m).name) for m in members)
+        if len(english) != len(german):
+            raise DataError(f"{out_dir}: {members[0]} has {len(english)} lines, {members[1]} {len(german)}")
+        return {"inputs": english, "targets": german}
+
+    def _generate(self) -> None:
+        """Download/verify, train the shared subword vocabulary on the training text, write the shards."""
+        assert self.data_dir is not None
+        text = {split: self.split_text(split) for split in ("train", "valid", "test")}
+        train = text["train"]
+        encoder = SubwordEncoder.train(train["inputs"] + train["targets"], self.vocab_size)
+        writer = ShardWriter(self.data_dir, self.name, self.config)
+        encoder.save(self.data_dir / "subwords.model")
+        writer.add_file("subwords.model")
+        splits = {split: write_ragged_split(writer, split, {field: encoder.encode_many(lines)
+                                                            for field, lines in fields.items()})
+                  for split, fields in text.items()}
+        writer.finish({"vocab_size": encoder.vocab_size, "splits": splits})
+        self._encoder = encoder
+
+    @property
+    def encoder(self) -> SubwordEncoder:
+        if self._encoder is None:
+            self._ensure_prepared()
+            assert self.data_dir is not None
+            self._encoder = SubwordEncoder.load(self.data_dir / "subwords.model")
+        return self._encoder
+
+    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
+               max_tokens: int | None = None) -> Reader:
+        """Token-budget batches bucketed by length; training shuffles (seeded per epoch) and drops
+        pairs longer than ``max_length``; valid/test keep every pair (an over-long one is an error)."""
+        if split not in ("train", "valid", "test"):
+            raise ValueError(f"unknown split {split!r}; use train, valid or test")
+        manifest = self._ensure_prepared()
+        source = from_shards(self.data_dir, split)
+        shuffle = split == "train" if shuffle is None else shuffle
+        max_length = hp.max_length or DEFAULT_MAX_LENGTH
+        longest = max(manifest["meta"]["splits"][split]["max_length"].values())
+        if split != "train" and longest > max_length:
+            raise DataError(f"{split} has a {longest}-token sentence, longer than max_length={max_length}; "
+                            "raise hp.max_length (eval never drops examples)")
+        budget = max_tokens or (hp.batch_tokens if isinstance(hp, Seq2SeqHParams) else 0) or hp.batch_size * 32
+        chain: Reader = source.shuffle(len(source), seed=hp.seed + seed) if shuffle else source
+        return chain.bucket(max(budget, max_length), max_length=max_length)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.encoder.decode(ids)

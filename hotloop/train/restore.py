@@ -1,0 +1,83 @@
+"""Reload a trained run from a checkpoint: problem, hparams and model with its weights.
+
+One way for ``eval``, ``decode`` and ``export`` to get a trained model back
+without the optimizer or reader state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..hparams import HParams, hparams_from_dict
+from ..problems.base import Problem, ProblemSpec
+from ..registry import models, problems
+from .build import build_model
+from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+
+__all__ = ["TrainedRun", "find_checkpoint", "load_trained"]
+
+
+@dataclass
+class TrainedRun:
+    """A model rebuilt from a checkpoint, in eval mode, with what made it."""
+
+    problem: Problem
+    hp: HParams
+    spec: ProblemSpec
+    model: nn.Module
+    checkpoint: Path
+    run_info: dict[str, Any] = field(default_factory=dict)   # names, overrides, data dirs
+    precision: str = "fp32"                                   # the run's strategy precision
+
+
+def find_checkpoint(output_dir: str | Path | None = None, checkpoint: str | Path | None = None, *,
+                    which: str = "best") -> Path:
+    """``checkpoint`` itself, or the best (else latest) checkpoint of run ``output_dir``."""
+    if bool(output_dir) == bool(checkpoint):
+        raise CheckpointError("give exactly one of --output-dir or --checkpoint")
+    if checkpoint:
+        return Path(checkpoint)
+    manager = CheckpointManager(Path(output_dir) / "checkpoints", writer=False)  # type: ignore[arg-type]
+    path = (manager.best() if which == "best" else None) or manager.latest()
+    if path is None:
+        raise CheckpointError(f"no checkpoint in {Path(output_dir) / 'checkpoints'}")  # type: ignore[arg-type]
+    return path
+
+
+def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_dir: str | None = None,
+                 raw_dir: str | None = None, prepare: bool = True) -> TrainedRun:
+    """Rebuild the run recorded in checkpoint ``path`` (problem, hparams, model + weights).
+
+    Raises :class:`CheckpointError` naming the file when it is unreadable, was not
+    written by ``hotloop train``, or does not fit the recorded model; an unknown
+    problem/model name raises the registry's error (pass ``--import``).
+    """
+    path = Path(path)
+    payload = load_checkpoint(path)
+    meta = payload["meta"]
+    run = meta.get("run") or {}
+    if not run.get("problem") or not run.get("model") or "hparams" not in meta or "model" not in payload:
+        raise CheckpointError(f"checkpoint {path} does not record its problem/model/hparams; "
+                              f"it was not written by `hotloop train`")
+    hp = hparams_from_dict(meta["hparams"])
+    problem = problems.get(run["problem"])(data_dir=data_dir or run.get("data_dir"),
+                                           raw_dir=raw_dir or run.get("raw_dir"))
+    if prepare:
+        problem.prepare()
+    spec = problem.spec(hp)
+    device = torch.device(device)
+    model = build_model(models.get(run["model"]), hp, spec, device)
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"checkpoint {path} does not fit model {run['model']!r}: {detail}") from None
+    model.eval()
+    precision = (meta.get("strategy") or {}).get("precision", "fp32")
+    if precision == "fp16" and device.type != "cuda":
+        precision = "fp32"
+    return TrainedRun(problem, hp, spec, model, path, dict(run), precision)
