@@ -30,6 +30,7 @@ BUILTINS: dict[Registry, dict[str, str]] = {
         "mlp": "hotloop.models.mlp:MLP",
         "lstm_seq2seq": "hotloop.models.lstm_seq2seq:LSTMSeq2Seq",
         "transformer": "hotloop.models.transformer:Transformer",
+        "multimodel": "hotloop.models.multimodel:MultiModel",
         "conv_net": "hotloop.models.conv:ConvNet",
         "lstm_lm": "hotloop.models.lstm_lm:LSTMLM",
         "yolov3": "hotloop.models.yolov3:YoloV3",
@@ -41,6 +42,8 @@ BUILTINS: dict[Registry, dict[str, str]] = {
     },
     hparams_sets: {
         "transformer_multi30k": "hotloop.problems.multi30k:transformer_multi30k",
+        "multimodel_base": "hotloop.models.multimodel:multimodel_base",
+        "multimodel_tiny": "hotloop.models.multimodel:multimodel_tiny",
         "algorithmic_base": "hotloop.problems.algorithmic:algorithmic_base",
         "conv_net_base": "hotloop.models.conv:conv_net_base",
         "yolov3_base": "hotloop.models.yolov3:yolov3_base",

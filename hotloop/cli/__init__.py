@@ -26,7 +26,8 @@ __all__ = ["main", "build_parser", "command_names", "load_command", "BUILTIN_COM
            "CLIError"]
 
 #: modules of :mod:`hotloop.cli` that are commands, in the order ``hotloop --help`` lists them
-BUILTIN_COMMANDS = ("listing", "datagen", "train", "evaluate", "decode", "explain", "tune", "profile")
+BUILTIN_COMMANDS = ("listing", "datagen", "train", "evaluate", "decode", "explain", "tune", "profile",
+                    "export", "bench")
 ENTRY_POINT_GROUP = "hotloop.commands"
 
 

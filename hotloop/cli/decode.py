@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--raw-root", default=None, metavar="DIR", help="raw-data root (HOTLOOP_RAW_ROOT)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--runtime", choices=("torch", "onnxruntime", "openvino"), default="torch",
+                        help="seq2seq: run the exported encoder/decoder_step graphs on this runtime")
+    parser.add_argument("--export-dir", default=None,
+                        help="the `hotloop export --format onnx|openvino` folder (default: <output-dir>/export/<format>)")
 
 
 def _check_flags(args: argparse.Namespace, task: str, checkpoint: Any, problem: str) -> None:
@@ -132,10 +136,13 @@ def run(args: argparse.Namespace) -> int:
         codec = text_codec(trained.problem)
     except DataError as exc:
         raise _error(str(exc)) from None
+    if args.runtime != "torch" and task != "seq2seq":
+        raise _error(f"--runtime {args.runtime}: exported decoding serves seq2seq runs")
     if task == "seq2seq":
         if not hasattr(trained.model, "start_decoding"):
             raise _error(f"model {trained.run_info.get('model')} has no incremental decoder")
-        worker: Any = Seq2SeqWorker(trained.model, codec, trained.spec.max_input_length, device=args.device,
+        decoder = trained.model if args.runtime == "torch" else _runtime_decoder(args)
+        worker: Any = Seq2SeqWorker(decoder, codec, trained.spec.max_input_length, device=args.device,
                                     beam_size=args.beam_size or 4,
                                     alpha=0.6 if args.alpha is None else args.alpha, max_extra=args.max_length)
     else:
@@ -148,3 +155,15 @@ def run(args: argparse.Namespace) -> int:
         decode_stream(worker, read_lines(handle, source), writer, batch_size=args.batch_size,
                       source=source, on_done=bar.update)
     return 0
+
+
+def _runtime_decoder(args: argparse.Namespace) -> Any:
+    """The exported encoder/decoder_step graphs of the run on ``args.runtime`` (same search interface)."""
+    from pathlib import Path
+
+    from ..export import load_decoder
+    folder = "onnx" if args.runtime == "onnxruntime" else "openvino"
+    export_dir = args.export_dir or (Path(args.output_dir) / "export" / folder if args.output_dir else None)
+    if export_dir is None:
+        raise _error(f"--runtime {args.runtime} needs --export-dir (a `hotloop export --format {folder}` folder)")
+    return load_decoder(export_dir, args.runtime)

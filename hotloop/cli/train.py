@@ -1,43 +1,161 @@
 """``hotloop train``: validate everything, plan the Strategy once, then train.
 
-Order: names and overrides, the Strategy request (parsed and checked once), the
-device and output directory; then datagen, the model, the concrete Strategy
+Order: the settings (``--config`` file, then the flags given on the command line,
+then the defaults; :mod:`hotloop.train.config`), names and overrides, the Strategy
+request (parsed and checked once), the device, the loggers and the output
+directory; then datagen, the model, the concrete Strategy
 (:func:`hotloop.train.plan.plan_strategy`) and the Trainer. Inside a ``--nproc``
 worker the process group is joined first and the run's data-parallel context is
 made from the planned Strategy.
+
+Exit codes: 0 done; 2 bad input (one ``hotloop: error:`` line, nothing written),
+also a full disk and a non-finite loss under ``--on-nonfinite stop``; 130 after
+Ctrl-C, 143 after SIGTERM, 138 after SIGUSR1 (a checkpoint is written first).
 """
 from __future__ import annotations
 
 import argparse
-import os
+import errno
 import sys
 from pathlib import Path
 from typing import Any
 
 from .common import CLIError
 
-__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run", "check_output_dir"]
+__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run", "check_output_dir", "print_summary",
+           "TRAIN_DEFAULTS"]
 
 NAME = "train"
 HELP = "train a model on a problem"
 RUN_FLAGS = True
 
+#: defaults of the train settings that a config file may set (flags default to None = "not given")
+TRAIN_DEFAULTS: dict[str, Any] = {"eval_every": 500, "keep_last": 3, "strategy": "auto",
+                                  "loggers": "jsonl,tensorboard", "on_nonfinite": "stop"}
+#: config key -> argparse dest, where they differ
+_DEST = {"overrides": "override", "strategy_overrides": "strategy_override"}
+_ARGV = "_train_argv"
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_arguments(parser: argparse.ArgumentParser, *, record_argv: bool = True) -> None:
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="run.yaml | run.json with the run's settings (flags given here win)")
     parser.add_argument("--output-dir", default=None, help="default: runs/<problem>-<model>-<hparams>")
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--max-epochs", type=int, default=None)
     parser.add_argument("--max-time", type=float, default=None, help="seconds")
-    parser.add_argument("--eval-every", type=int, default=500, help="steps between evaluations (0: epoch ends)")
-    parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept besides the best")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    parser.add_argument("--strategy", default="auto", help="auto | default | a JSON file of Strategy fields")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="steps between evaluations (0: epoch ends; default 500)")
+    parser.add_argument("--keep-last", type=int, default=None, help="checkpoints kept besides the best (default 3)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint; start fresh when there is none yet")
+    parser.add_argument("--strategy", default=None, help="auto (default) | default | a JSON file of Strategy fields")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
+                        help="shortcut for --strategy-override precision=...")
+    parser.add_argument("--accum-steps", type=int, default=None, metavar="N",
+                        help="gradient accumulation: shortcut for --override accum_steps=N")
+    parser.add_argument("--loggers", default=None,
+                        help="comma list of jsonl, csv, tensorboard, wandb, mlflow, none (default jsonl,tensorboard)")
+    parser.add_argument("--on-nonfinite", choices=("stop", "skip"), default=None,
+                        help="a non-finite loss stops the run (default) or its update is skipped and counted")
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel worker processes")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart a failed worker group N times")
+    if record_argv:
+        _record_argv(parser)
+
+
+def _record_argv(parser: argparse.ArgumentParser) -> None:
+    """Keep the raw arguments on the namespace, so :func:`_given_flags` knows what the user typed."""
+    original = parser.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
+        ns, rest = original(args, namespace)
+        setattr(ns, _ARGV, list(sys.argv[1:] if args is None else args))
+        return ns, rest
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def _probe_parser() -> argparse.ArgumentParser:
+    from .common import add_import_flag, add_run_flags
+    probe = argparse.ArgumentParser(add_help=False)
+    add_import_flag(probe)
+    add_run_flags(probe)
+    add_arguments(probe, record_argv=False)
+    return probe
+
+
+def _given_flags(args: argparse.Namespace) -> set[str]:
+    """The dests of the flags given on the command line (fallback: those that differ from defaults)."""
+    probe = _probe_parser()
+    argv = getattr(args, _ARGV, None)
+    if argv is None:
+        defaults = vars(probe.parse_known_args([])[0])
+        return {k for k, v in vars(args).items() if k in defaults and v != defaults[k]}
+    for action in probe._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(probe.parse_known_args(argv)[0]))
+
+
+def apply_config(args: argparse.Namespace) -> None:
+    """Fill ``args`` from ``--config`` (flags given win; overrides combine), then the defaults."""
+    from ..train.config import load_config, overrides_text
+    from .common import import_modules, resolve_device
+    given = _given_flags(args)
+    config = load_config(args.config) if args.config else {}
+    for key, value in config.items():
+        dest = _DEST.get(key, key)
+        if key in ("overrides", "strategy_overrides"):
+            value = overrides_text(value, getattr(args, dest) if dest in given else None)
+        elif dest in given:
+            continue
+        elif key == "loggers" and isinstance(value, list):
+            value = ",".join(value)
+        elif key == "device":
+            value = resolve_device(value)
+        elif key == "imports":
+            import_modules(value)
+        setattr(args, dest, value)
+    for key, value in TRAIN_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    _apply_shortcuts(args)
+
+
+def _apply_shortcuts(args: argparse.Namespace) -> None:
+    """``--precision`` / ``--accum-steps`` become overrides; a different explicit value is an error."""
+    from ..engine.strategy import Strategy
+    from ..hparams import parse_overrides
+    from ..train.config import overrides_text
+    if args.precision:
+        explicit = Strategy.parse_overrides(args.strategy_override).get("precision")
+        if explicit is not None and explicit != args.precision:
+            raise CLIError(f"--precision {args.precision} conflicts with --strategy-override precision={explicit}")
+        args.strategy_override = overrides_text(args.strategy_override, f"precision={args.precision}")
+    if args.accum_steps is not None:
+        if args.accum_steps < 1:
+            raise CLIError(f"--accum-steps must be >= 1, got {args.accum_steps}")
+        explicit = dict(parse_overrides(args.override or "")).get("accum_steps")
+        if explicit is not None and explicit.strip() != str(args.accum_steps):
+            raise CLIError(f"--accum-steps {args.accum_steps} conflicts with --override accum_steps={explicit}")
+        args.override = overrides_text(args.override, f"accum_steps={args.accum_steps}")
+
+
+def strategy_request(args: argparse.Namespace) -> Any:
+    """The Strategy request from ``--strategy`` (a name, a file, or a config mapping) and overrides."""
+    from ..engine.strategy import Strategy
+    from ..train.config import overrides_text
+    from ..train.plan import StrategyRequest
+    if isinstance(args.strategy, dict):  # a config file's (or run.json's) concrete Strategy
+        request = StrategyRequest(False, Strategy.parse(overrides_text(args.strategy)),
+                                  Strategy.parse_overrides(args.strategy_override))
+        request.fixed().validate(args.device)
+        return request
+    return StrategyRequest.parse(args.strategy, args.strategy_override, args.device)
 
 
 def check_output_dir(out: Path, resume: bool) -> None:
-    """Writable (nearest existing ancestor), and not clobbering or missing checkpoints."""
+    """Writable (nearest existing ancestor), and not clobbering checkpoints without ``--resume``."""
+    import os
     from ..train.checkpoint import CheckpointManager
     if out.exists() and not out.is_dir():
         raise CLIError(f"output directory {out} exists and is not a directory")
@@ -47,23 +165,35 @@ def check_output_dir(out: Path, resume: bool) -> None:
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise CLIError(f"output directory {out} is not writable ({ancestor} does not allow writing)")
     has_checkpoints = bool(CheckpointManager(out / "checkpoints", writer=False).steps())
-    if resume and not has_checkpoints:
-        raise CLIError(f"--resume: no checkpoint in {out / 'checkpoints'}")
     if has_checkpoints and not resume:
         raise CLIError(f"{out} already has checkpoints; continue with --resume or pick another --output-dir")
+
+
+def check_same_run(out: Path, problem: str, model: str) -> None:
+    """``--resume`` into a directory of another problem or model is an error (from its ``run.json``)."""
+    from ..train.runfiles import read_run_info
+    saved = read_run_info(out)
+    if not saved:
+        return
+    for key, current in (("problem", problem), ("model", model)):
+        if saved.get(key) and saved[key] != current:
+            raise CLIError(f"--resume: {out} holds a run of {key} {saved[key]!r}, not {current!r}; "
+                           f"pick another --output-dir")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..parallel import cli_support
     from ..train.build import resolve_names
     from ..train.checkpoint import CheckpointManager
-    from ..train.plan import StrategyRequest
+    from ..train.tracking import parse_logger_names
+    apply_config(args)
     overrides = args.override or ""
     for key in ("max_steps", "max_epochs"):
         if getattr(args, key) is not None:
             overrides += f",{key}={getattr(args, key)}"
     problem_cls, model_cls, hparams_name, hp = resolve_names(args.problem, args.model, args.hparams, overrides)
-    request = StrategyRequest.parse(args.strategy, args.strategy_override, args.device)
+    request = strategy_request(args)
+    parse_logger_names(args.loggers)
     out = Path(args.output_dir or f"runs/{args.problem}-{args.model}-{hparams_name}")
     job = None
     if cli_support.in_worker():  # one rank of a --nproc job: this rank's device, resume on restart
@@ -71,41 +201,63 @@ def run(args: argparse.Namespace) -> int:
         has = bool(CheckpointManager(out / "checkpoints", writer=False).steps())
         args.resume = cli_support.restart_resume(args.resume, has)
     check_output_dir(out, args.resume)
+    if args.resume:
+        check_same_run(out, args.problem, args.model)
     if cli_support.in_worker():
         job = cli_support.join_job()
     try:
         return _train(args, problem_cls, model_cls, hparams_name, hp, request, out, job)
+    except OSError as exc:
+        if job is not None:
+            job.close(failed=True)
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            raise CLIError(f"cannot write {exc.filename or out}: no space left on device") from None
+        raise
     except BaseException:
         if job is not None:
             job.close(failed=True)
         raise
 
 
+def run_info(args: argparse.Namespace, hparams_name: str, out: Path) -> dict[str, Any]:
+    """What ``run.json`` records besides the Strategy and device: enough for ``--config run.json``."""
+    return {"problem": args.problem, "model": args.model, "hparams_set": hparams_name,
+            "overrides": args.override or "", "data_dir": args.data_dir, "raw_dir": args.raw_dir,
+            "imports": list(args.imports), "max_steps": args.max_steps, "max_epochs": args.max_epochs,
+            "max_time": args.max_time, "eval_every": args.eval_every, "keep_last": args.keep_last,
+            "loggers": args.loggers, "on_nonfinite": args.on_nonfinite, "output_dir": str(out)}
+
+
 def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,
            request: Any, out: Path, job: Any) -> int:
     from ..parallel.cli_support import prepare_in_rank_order
-    from ..train.build import build_model
+    from ..train import build
     from ..train.plan import plan_strategy
+    from ..train.tracking import build_loggers
     from ..train.trainer import Trainer
+    info = run_info(args, hparams_name, out)
+    is_main = job is None or getattr(job, "is_main", True)
+    loggers = build_loggers(args.loggers, out, run_name=out.name, config=info) if is_main else []
     problem = problem_cls(data_dir=args.data_dir, raw_dir=args.raw_dir)
     prepare_in_rank_order(problem.prepare, job)
-    model = build_model(model_cls, hp, problem.spec(hp), args.device)
+    model = build.build_model(model_cls, hp, problem.spec(hp), args.device)
     strategy = plan_strategy(request, model=model, problem=problem, hp=hp, device=args.device,
                              max_time=args.max_time, log=print, dist=job)
     dist = job.for_strategy(strategy) if job is not None else None
-    info = {"problem": args.problem, "model": args.model, "hparams_set": hparams_name,
-            "overrides": args.override or "", "data_dir": args.data_dir, "raw_dir": args.raw_dir,
-            "imports": list(args.imports)}
+    callbacks = build.run_callbacks(problem) if hasattr(build, "run_callbacks") else []
     trainer = Trainer(problem, model, hp, strategy=strategy, device=args.device, output_dir=out,
                       max_time=args.max_time, eval_every=args.eval_every, keep_last=args.keep_last,
-                      run_info=info, dist=dist)
+                      run_info=info, dist=dist, callbacks=callbacks, loggers=loggers,
+                      on_nonfinite=args.on_nonfinite)
     code = 0
     try:
         result = trainer.fit(resume=args.resume)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        code = int(getattr(exc, "exit_code", 130))
         saved = f"checkpoint {trainer.last_checkpoint}" if trainer.last_checkpoint else "no checkpoint"
-        print(f"hotloop: interrupted at step {trainer.step}; {saved} (continue with --resume)", file=sys.stderr)
-        code = 130
+        cause = f" ({exc})" if str(exc) and str(exc) != "SIGINT" else ""
+        print(f"hotloop: interrupted at step {trainer.step}{cause}; {saved} (continue with --resume)",
+              file=sys.stderr)
     else:
         if trainer.dist.is_main:
             print_summary(result)
@@ -115,11 +267,14 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
 
 
 def print_summary(result: Any) -> None:
-    """The end-of-run lines: steps, time, stop reason, last metrics, checkpoints."""
+    """The end-of-run lines: steps, time, stop reason, last metrics, the last and best checkpoints."""
     print(f"done: {result.steps} steps, {result.epochs} epochs in {result.wall_time:.1f} s ({result.stop_reason})")
     for split, metrics in result.metrics.items():
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k not in ("tokens", "examples"))
         print(f"  {split}: {shown}")
+    if getattr(result, "nonfinite_steps", 0):
+        print(f"  skipped {result.nonfinite_steps} non-finite step(s) (--on-nonfinite skip)")
     if result.last_checkpoint:
-        best = f", best {Path(result.best_checkpoint).name}" if result.best_checkpoint else ""
-        print(f"  checkpoints: {Path(result.last_checkpoint).parent} (last {Path(result.last_checkpoint).name}{best})")
+        print(f"  last checkpoint: {result.last_checkpoint}")
+    if result.best_checkpoint:
+        print(f"  best checkpoint: {result.best_checkpoint}")

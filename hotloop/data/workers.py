@@ -9,7 +9,8 @@ Design (robust where Paddle's blocking queue was not):
   so a worker killed by the OS is reported within the poll interval;
 * an exception in ``fn`` travels back as its formatted traceback and is
   raised in the parent as :class:`WorkerError`;
-* workers ignore SIGINT (the parent decides), exit when their parent dies, and
+* workers ignore SIGINT (the parent decides), exit within about a second when
+  their parent dies (its sentinel closes or its pid is gone or a zombie), and
   are stopped by ``close()``, by a ``weakref.finalize`` and at interpreter exit.
 
 The default start method is ``forkserver`` (``spawn`` where unavailable): no
@@ -22,6 +23,7 @@ import collections
 import itertools
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import os
 import queue
 import signal
 import sys
@@ -40,7 +42,24 @@ def default_context() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
-def _worker_main(fn: Callable[[Any], Any], tasks: Any, results: Any) -> None:
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a killed, not yet reaped parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:                       # no procfs: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+def _worker_main(fn: Callable[[Any], Any], tasks: Any, results: Any, parent_pid: int | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
@@ -49,7 +68,10 @@ def _worker_main(fn: Callable[[Any], Any], tasks: Any, results: Any) -> None:
         try:
             task = tasks.get(timeout=1.0)
         except queue.Empty:
-            if parent is not None and not parent.is_alive():
+            # parent_process()'s sentinel alone is not enough: a sibling forked later (another
+            # pool with mp_context="fork") inherits the sentinel's other end and keeps it open
+            if (parent is not None and not parent.is_alive()) or (
+                    parent_pid is not None and not _pid_alive(parent_pid)):
                 return
             continue
         if task is None:
@@ -127,7 +149,7 @@ class WorkerPool:
             for i in range(num_workers):
                 tasks = ctx.Queue()
                 recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker_main, args=(fn, tasks, send), daemon=True,
+                proc = ctx.Process(target=_worker_main, args=(fn, tasks, send, os.getpid()), daemon=True,
                                    name=f"hotloop-data-worker-{i}")
                 self._tasks.append(tasks)
                 self._conns.append(recv)

@@ -14,8 +14,9 @@ from torch import nn
 
 from ..hparams import HParams
 from ..optim import build_optimizer, sparse_gradient_modules
-from .step import LossFn, TrainStep, compile_step
-from .strategy import Strategy, validate_for_model
+from .program import Phase, PhaseOptimizers, ProgramStep, model_phases
+from .step import LossFn, TrainStep, _channels_last_inputs, compile_step, wire_fused_optimizer
+from .strategy import Strategy, StrategyError, validate_for_model
 
 __all__ = ["BuiltStep", "build_step", "OptimizerFactory", "WrapFn"]
 
@@ -50,6 +51,9 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     validate_for_model(strategy, model)
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # before the optimizer: parameters keep identity
+    phases = model_phases(model) if loss_fn is None else None
+    if phases:
+        return _build_program(model, hp, strategy, phases, optimizer, wrap, max_grad_norm, device)
     if optimizer is not None:
         opt = optimizer(params, strategy.fused_optimizer)
     else:
@@ -62,3 +66,26 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     step = compile_step(train_model, loss_fn, opt, strategy, max_grad_norm=clip, grad_scaler=scaler,
                         no_sync=no_sync)
     return BuiltStep(step, opt, train_model, scaler)
+
+
+def _build_program(model: nn.Module, hp: HParams, strategy: Strategy, phases: list[Phase],
+                   optimizer: OptimizerFactory | None, wrap: WrapFn | None, max_grad_norm: float | None,
+                   device: torch.device) -> BuiltStep:
+    """A phased model (e.g. a GAN): one optimizer per phase and a :class:`ProgramStep`."""
+    if wrap is not None and getattr(getattr(wrap, "__self__", None), "world_size", 2) > 1:
+        raise StrategyError(f"{type(model).__name__} trains in phases ({', '.join(p.name for p in phases)}); "
+                            "data-parallel runs of phased steps are not supported: use one process")
+    fused = strategy.fused_optimizer
+    optimizers = {p.name: optimizer(list(p.parameters), fused) if optimizer is not None
+                  else build_optimizer(p.parameters, hp, fused=fused) for p in phases}
+    report = [line for opt in optimizers.values() for line in wire_fused_optimizer(opt, fused)]
+    if strategy.channels_last:
+        phases = [Phase(p.name, _channels_last_inputs(p.loss_fn), p.parameters) for p in phases]
+        report.append("layout: model and 4-D float inputs converted to channels_last")
+    scaler = (torch.amp.GradScaler("cuda")
+              if strategy.precision == "fp16" and device.type == "cuda" else None)
+    opt = PhaseOptimizers(optimizers)
+    clip = hp.max_grad_norm if max_grad_norm is None else max_grad_norm
+    step = ProgramStep(model, phases, opt, strategy, max_grad_norm=clip, grad_scaler=scaler)
+    step.report.extend(report)
+    return BuiltStep(step, opt, model, scaler)  # type: ignore[arg-type]

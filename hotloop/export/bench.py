@@ -164,6 +164,7 @@ def _measure_batch(subject: BenchSubject, batch: int, runners: dict[int, Runner]
     inputs = example_inputs(subject.model, batch, subject.seq, seed=batch)
     reference = [t.detach() for t in runners[0](inputs)]
     live: list[tuple[BenchRow, Runner]] = []
+    first = len(rows)                              # rows[first] is the eager reference's row
     for index, contender in enumerate(contenders):
         row = BenchRow(subject.name, contender.runtime, contender.precision, batch)
         rows.append(row)
@@ -171,7 +172,7 @@ def _measure_batch(subject: BenchSubject, batch: int, runners: dict[int, Runner]
             row.error = "could not be built (see above)"
             continue
         try:
-            for _ in range(contender.warmup):
+            for _ in range(max(1, contender.warmup)):
                 outputs = _as_list(runners[index](inputs))
             row.max_abs_diff, row.argmax_agreement, row.parity_ok = parity(reference, outputs, contender.precision)
         except Exception as exc:  # noqa: BLE001 - a runtime that fails here is a failed row
@@ -185,7 +186,7 @@ def _measure_batch(subject: BenchSubject, batch: int, runners: dict[int, Runner]
     for _ in range(rounds):
         for row, run in live:                      # interleaved: every contender once per round
             row.times.append(_time_once(run, inputs, reps[id(row)]))
-    eager = next((statistics.median(r.times) for r, _ in live if r.runtime == "torch" and r.times), None)
+    eager = statistics.median(rows[first].times) if rows[first].times else None
     for row, _ in live:
         latency = statistics.median(row.times)
         row.latency_ms = latency * 1e3

@@ -49,7 +49,7 @@ class BenchSubject:
 def subject_from_model(name: str, model: nn.Module, seq: int = _ZOO_SEQ, note: str = "") -> BenchSubject:
     """Wrap an already built model (e.g. a trained run's) in its exportable formulation."""
     model = inference_form(model.to("cpu").eval())
-    forward_graph(model)   # raises ValueError for a task without a graph
+    forward_graph(model)   # raises ExportError for a task without a graph
     return BenchSubject(name, model, seq, note)
 
 

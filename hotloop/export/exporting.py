@@ -7,12 +7,13 @@ manifest is written.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -58,12 +59,24 @@ def check_inputs_for(model: nn.Module) -> list[tuple[Tensor, ...]]:
     return checks
 
 
-def _prepare_out(out_dir: Path) -> None:
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
+@contextlib.contextmanager
+def _staged(out_dir: Path) -> Iterator[Path]:
+    """A fresh sibling directory that replaces ``out_dir`` only once the export has succeeded."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"--out {out_dir} is a file; give a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
         raise ExportError(f"--out {out_dir} exists and is not an export directory; choose a new or empty one")
-    if (out_dir / MANIFEST).is_file():
-        shutil.rmtree(out_dir)   # an earlier export is replaced as a whole
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    stage.chmod(0o755)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)     # an earlier export (or an empty directory) is replaced as a whole
+    stage.rename(out_dir)
 
 
 @dataclass
@@ -139,7 +152,15 @@ def export_model(model: nn.Module, fmt: str, out_dir: str | Path, *, model_name:
     if any(p.device.type != "cpu" for p in model.parameters()):
         model = copy.deepcopy(model).cpu()     # export on the CPU; the caller's model stays where it is
     model = model.eval()
-    _prepare_out(out_dir)
+    with _staged(out_dir) as stage:
+        result = _write(model, fmt, stage, model_name=model_name, problem_name=problem_name, exporter=exporter,
+                        graphs=graphs, source=source, log=log)
+    result.out_dir = out_dir
+    return result
+
+
+def _write(model: nn.Module, fmt: str, out_dir: Path, *, model_name: str, problem_name: str, exporter: str,
+           graphs: Sequence[str], source: str, log: Callable[[str], None]) -> ExportResult:
     manifest = make_manifest(fmt, model, model_name=model_name, problem_name=problem_name, source=source)
     if fmt == "safetensors":
         save_safetensors(model, out_dir, manifest)

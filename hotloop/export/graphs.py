@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..problems.base import NUM_RESERVED
+from .errors import ExportError
 
 __all__ = ["GraphSignature", "forward_graph", "example_inputs", "state_layout", "inference_form"]
 
@@ -62,7 +63,7 @@ def state_layout(model: nn.Module) -> list[int]:
     for a, b in zip(ones, twos):
         diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
         if len(diff) != 1:
-            raise ValueError(f"cannot tell the batch axis of a state tensor of shape {list(a.shape)}")
+            raise ExportError(f"cannot tell the batch axis of a state tensor of shape {list(a.shape)}")
         axes.append(diff[0])
     return axes
 
@@ -137,7 +138,8 @@ def forward_graph(model: nn.Module) -> tuple[nn.Module, GraphSignature]:
         axes = {"inputs": {0: "batch", 1: "seq"}, "targets": {0: "batch", 1: "target_seq"},
                 "logits": {0: "batch", 1: "target_seq"}}
         return _Seq2SeqGraph(model).eval(), GraphSignature("forward", ["inputs", "targets"], ["logits"], axes)
-    raise ValueError(f"no export graph is defined for task {task!r}")
+    raise ExportError(f"no export graph is defined for task {task!r} (model {type(model).__name__}); "
+                      f"exportable tasks: classify, segment, lm, seq2seq")
 
 
 def _length(limit: int, wanted: int) -> int:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..models.encoder_decoder import START_ID, DecodeState, EncoderDecoder
 from ..problems.base import NUM_RESERVED, PAD_ID
+from .errors import ExportError
 from .graphs import GraphSignature
 from .runtimes import Runner
 
@@ -148,7 +149,8 @@ def cache_init(model: EncoderDecoder) -> list[dict[str, Any]]:
         elif not tensor.numel() or not tensor.any():
             out.append({"from": "zeros", "shape": [-1, *tensor.shape[1:]]})
         else:
-            raise ValueError("the model's initial decoder cache is neither zeros nor part of its source cache")
+            raise ExportError(f"{type(model).__name__}: its initial decoder cache is neither zeros nor part of its "
+                              f"source cache, so a runtime cannot build it")
     return out
 
 
@@ -202,7 +204,6 @@ def load_decoder(export_dir: str | Path, runtime: str = "onnxruntime", *, precis
                  threads: int = 0) -> RuntimeDecoder:
     """A :class:`RuntimeDecoder` over the ``encoder`` and ``decoder_step`` graphs of an ONNX/OpenVINO export."""
     from .artifacts import read_manifest
-    from .errors import ExportError
     from .runtimes import load_runtime
     manifest = read_manifest(export_dir)
     decoding = manifest.get("decoding")

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..hparams import HParamsError
 from ..problems.base import Batch, ProblemSpec
 from ..problems.bert_pretrain import BertPretrainHParams
 from ..registry import hparams_sets, models
@@ -49,7 +50,7 @@ class BertLayer(nn.Module):
                  eps: float) -> None:
         super().__init__()
         if hidden % heads:
-            raise ValueError(f"bert: hidden_size={hidden} is not divisible by num_heads={heads}")
+            raise HParamsError(f"bert: hidden_size={hidden} is not divisible by num_heads={heads}")
         self.heads, self.attention_dropout = heads, attention_dropout
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.attn_out = nn.Linear(hidden, hidden)
@@ -61,7 +62,8 @@ class BertLayer(nn.Module):
 
     def forward(self, x: Tensor, attend: Tensor) -> Tensor:
         b, t, h = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)  # [B, nh, T, dh]
+        qkv = self.qkv(x).view(b, t, 3, self.heads, h // self.heads)                # [B, T, 3, nh, dh]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)                                        # each [B, nh, T, dh]
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=attend,
                                            dropout_p=self.attention_dropout if self.training else 0.0)
         a = a.transpose(1, 2).reshape(b, t, h)                                      # [B, T, H]
@@ -79,9 +81,10 @@ class BERT(SequenceModel):
     def __init__(self, hp: BertHParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
         if not isinstance(hp, BertHParams):
-            raise TypeError(f"bert needs BertHParams (e.g. --hparams bert_small), got {type(hp).__name__}")
+            raise HParamsError(f"bert needs BertHParams (e.g. --hparams bert_small), got {type(hp).__name__}")
         if spec.max_input_length > hp.max_positions:
-            raise ValueError(f"bert: max_length={spec.max_input_length} exceeds max_positions={hp.max_positions}")
+            raise HParamsError(f"bert: max_length={spec.max_input_length} exceeds "
+                             f"max_positions={hp.max_positions}")
         h, vocab = hp.hidden_size, spec.input_vocab_size
         self.word_embedding = nn.Embedding(vocab, h, padding_idx=spec.pad_id)
         self.position_embedding = nn.Embedding(hp.max_positions, h)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..hparams import HParamsError
 from ..problems.base import Batch, ProblemSpec
 from ..problems.shapes_unpaired import UnpairedShapesHParams
 from ..registry import hparams_sets, models
@@ -45,7 +46,9 @@ class CycleGANHParams(UnpairedShapesHParams):
     pool_size: int = 50
 
 
-def _conv_in_relu(in_ch: int, out_ch: int, kernel: int, stride: int = 1, *, reflect: int = 0) -> list[nn.Module]:
+def _conv_in_relu(in_ch: int, out_ch: int, kernel: int, stride: int = 1, *,
+                  reflect: int = 0) -> list[nn.Module]:
+    """[reflection pad] -> conv (with bias) -> instance norm -> ReLU."""
     pad = [nn.ReflectionPad2d(reflect)] if reflect else []
     return pad + [nn.Conv2d(in_ch, out_ch, kernel, stride=stride, padding=0 if reflect else kernel // 2),
                   nn.InstanceNorm2d(out_ch), nn.ReLU(inplace=True)]
@@ -138,7 +141,8 @@ class CycleGAN(SequenceModel):
     def __init__(self, hp: CycleGANHParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
         if not isinstance(hp, CycleGANHParams):
-            raise TypeError(f"cyclegan needs CycleGANHParams (e.g. --hparams cyclegan_small), got {type(hp).__name__}")
+            raise HParamsError(f"cyclegan needs CycleGANHParams (e.g. --hparams cyclegan_small), "
+                            f"got {type(hp).__name__}")
         c = hp.image_channels
         self.a_to_b = ResnetGenerator(c, hp.gen_filters, hp.gen_blocks)
         self.b_to_a = ResnetGenerator(c, hp.gen_filters, hp.gen_blocks)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..hparams import HParamsError
 from ..problems.base import Batch, ProblemSpec
 from ..problems.shapes_segmentation import ShapesHParams
 from ..registry import hparams_sets, models
@@ -101,7 +102,7 @@ class DeepLabV3Plus(SequenceModel):
     def __init__(self, hp: DeepLabHParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
         if not isinstance(hp, DeepLabHParams):
-            raise TypeError(f"deeplabv3plus needs DeepLabHParams (e.g. --hparams deeplabv3plus_small), "
+            raise HParamsError(f"deeplabv3plus needs DeepLabHParams (e.g. --hparams deeplabv3plus_small), "
                             f"got {type(hp).__name__}")
         stages = len(hp.backbone_blocks)
         strides, dilations = _stage_strides(hp, stages)
@@ -139,7 +140,7 @@ def _stage_strides(hp: DeepLabHParams, stages: int) -> tuple[list[int], list[int
     then dilate (x2 per stage) instead."""
     first = 4 if hp.stem == "imagenet" else hp.stem_stride
     if hp.output_stride < first or hp.output_stride % first:
-        raise ValueError(f"deeplabv3plus: output_stride={hp.output_stride} must be a multiple of the "
+        raise HParamsError(f"deeplabv3plus: output_stride={hp.output_stride} must be a multiple of the "
                          f"stem's stride {first}")
     strides, dilations, stride, dilation = [1], [1], first, 1
     for _ in range(stages - 1):
@@ -173,4 +174,4 @@ def deeplabv3plus_small() -> DeepLabHParams:
                           output_stride=8, aspp_rates=(2, 4, 6), aspp_channels=64,
                           low_level_channels=16, decoder_channels=32, batch_size=16,
                           optimizer="adam", learning_rate=2e-3, adam_beta2=0.999, adam_epsilon=1e-8,
-                          lr_schedule="cosine", warmup_steps=50, max_steps=2000)
+                          lr_schedule="cosine", warmup_steps=50, max_steps=1000)

@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..hparams import HParamsError
+
 __all__ = ["conv_bn", "SqueezeExcitation", "Bottleneck", "ResNetBackbone", "init_resnet",
            "count_parameters"]
 
@@ -66,10 +68,11 @@ class ResNetBackbone(nn.Module):
     """Stem, then stages of bottlenecks; ``forward`` returns every stage's output.
 
     ``stem="imagenet"``: 7x7/2 conv + 3x3/2 max pool (stride 4); ``"small"``: one
-    3x3 conv of stride ``stem_stride`` (for 28-64 px images). Stage ``i`` has ``blocks[i]`` bottlenecks of
-    inner width ``widths[i]`` and output ``out_channels[i]``; its first block has
-    stride ``strides[i]``. ``dilations[i] > 1`` keeps the resolution and dilates
-    the 3x3 convs instead (the first block uses half the dilation, as in DeepLab).
+    3x3 conv of stride ``stem_stride`` (for 28-64 px images). Stage ``i`` has
+    ``blocks[i]`` bottlenecks of inner width ``widths[i]`` and output
+    ``out_channels[i]``; its first block has stride ``strides[i]``.
+    ``dilations[i] > 1`` keeps the resolution and dilates the 3x3 convs instead
+    (the first block uses half the dilation, as in DeepLab).
     """
 
     def __init__(self, *, in_channels: int, stem: str, stem_channels: int, blocks: Sequence[int],
@@ -79,15 +82,16 @@ class ResNetBackbone(nn.Module):
         super().__init__()
         dilations = tuple(dilations or (1,) * len(blocks))
         if not (len(blocks) == len(widths) == len(out_channels) == len(strides) == len(dilations)):
-            raise ValueError("resnet: blocks, widths, out_channels, strides and dilations need one "
-                             f"entry per stage, got {blocks}, {widths}, {out_channels}, {strides}, {dilations}")
+            raise HParamsError("resnet: blocks, widths, out_channels, strides and dilations need one "
+                             f"entry per stage, got {blocks}, {widths}, {out_channels}, {strides}, "
+                             f"{dilations}")
         if stem == "imagenet":
             self.stem = nn.Sequential(conv_bn(in_channels, stem_channels, 7, stride=2),
                                       nn.MaxPool2d(3, stride=2, padding=1))
         elif stem == "small":
             self.stem = conv_bn(in_channels, stem_channels, 3, stride=stem_stride)
         else:
-            raise ValueError(f"resnet: unknown stem {stem!r}; use 'imagenet' or 'small'")
+            raise HParamsError(f"resnet: unknown stem {stem!r}; use 'imagenet' or 'small'")
         stages: list[nn.Module] = []
         in_ch = stem_channels
         for n, width, out_ch, stride, dilation in zip(blocks, widths, out_channels, strides, dilations):

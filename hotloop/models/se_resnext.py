@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ..hparams import HParamsError
 from ..problems.base import Batch, ProblemSpec
 from ..problems.synthetic_images import SyntheticImageHParams
 from ..registry import hparams_sets, models
@@ -46,7 +47,7 @@ class SEResNeXt(SequenceModel):
     def __init__(self, hp: SEResNeXtHParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
         if not isinstance(hp, SEResNeXtHParams):
-            raise TypeError(f"se_resnext50 needs SEResNeXtHParams (e.g. --hparams se_resnext_small), "
+            raise HParamsError(f"se_resnext50 needs SEResNeXtHParams (e.g. --hparams se_resnext_small), "
                             f"got {type(hp).__name__}")
         stages = len(hp.stage_blocks)
         self.body = ResNetBackbone(
@@ -80,6 +81,6 @@ def se_resnext_small() -> SEResNeXtHParams:
     (``image_mnist``) on a small CPU: 0.27M parameters."""
     return SEResNeXtHParams(image_channels=1, image_size=28, num_classes=10, stem="small",
                             stem_channels=32, stage_blocks=(1, 2, 2), cardinality=8, group_width=4,
-                            stage_channels=64, batch_size=64, optimizer="momentum", momentum=0.9,
-                            learning_rate=0.05, weight_decay=5e-4, lr_schedule="cosine",
-                            warmup_steps=50, max_steps=1500)
+                            stage_channels=64, batch_size=64, optimizer="adam", learning_rate=2e-3,
+                            adam_beta2=0.999, adam_epsilon=1e-8, lr_schedule="cosine", warmup_steps=50,
+                            max_steps=1500)

@@ -62,6 +62,8 @@ class Problem:
     task: ClassVar[str] = "seq2seq"
     eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
     default_hparams: ClassVar[str] = ""
+    #: the splits the Trainer evaluates by default (the first one picks the best checkpoint)
+    eval_splits: ClassVar[tuple[str, ...]] = ("valid",)
 
     def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else None

@@ -30,7 +30,7 @@ import torch
 from ..data.download import default_data_dir, default_raw_dir
 from ..data.shards import RaggedArray, ShardWriter, open_array, ragged_to_arrays
 from ..errors import UserError
-from ..hparams import HParams
+from ..hparams import HParams, HParamsError
 from ..registry import problems
 from .algorithmic import IndexedReader
 from .base import Batch, ProblemSpec
@@ -253,7 +253,7 @@ class BertPretrainPTB(PreparedProblem):
         a = self._hp(hp)
         length = self.length(hp)
         if length < 8:
-            raise ValueError(f"bert_pretrain_ptb: max_length={length} is too short for a sentence pair")
+            raise HParamsError(f"bert_pretrain_ptb: max_length={length} is too short for a sentence pair")
         make_batch = _PairBatches(self.sentences(split), a, hp.batch_size, length)
         examples = a.train_examples if split == "train" else a.eval_examples
         return IndexedReader(make_batch, max(1, examples // hp.batch_size),

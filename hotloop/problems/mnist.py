@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..data.reader import Reader
 from ..data.sources import from_arrays
 from ..errors import UserError
-from ..hparams import HParams
+from ..hparams import HParams, HParamsError
 from ..registry import problems
 from .base import Batch, Problem, ProblemSpec
 from .synthetic_images import SyntheticImageHParams
@@ -109,7 +109,7 @@ class MnistDigits(Problem):
         out = hp if isinstance(hp, SyntheticImageHParams) else SyntheticImageHParams(image_channels=1,
                                                                                     image_size=SIDE)
         if out.image_size < 8 or out.image_channels < 1:
-            raise ValueError(f"image_mnist: image_size={out.image_size} must be >= 8 and "
+            raise HParamsError(f"image_mnist: image_size={out.image_size} must be >= 8 and "
                              f"image_channels={out.image_channels} >= 1")
         return out
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..hparams import HParams
+from ..hparams import HParams, HParamsError
 from ..registry import problems
 from .algorithmic import IndexedReader
 from .base import Batch, Problem, ProblemSpec
@@ -74,9 +74,9 @@ class ShapesSegmentation(Problem):
     def _hp(hp: HParams) -> ShapesHParams:
         out = hp if isinstance(hp, ShapesHParams) else ShapesHParams()
         if out.image_channels != 3:
-            raise ValueError(f"segment_shapes: scenes are RGB; image_channels={out.image_channels} must be 3")
+            raise HParamsError(f"segment_shapes: scenes are RGB; image_channels={out.image_channels} must be 3")
         if not 1 <= out.shape_classes <= len(SHAPE_NAMES):
-            raise ValueError(f"segment_shapes: shape_classes={out.shape_classes} must be in "
+            raise HParamsError(f"segment_shapes: shape_classes={out.shape_classes} must be in "
                              f"1..{len(SHAPE_NAMES)}")
         return out
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..hparams import HParams
+from ..hparams import HParams, HParamsError
 from ..registry import problems
 from .algorithmic import IndexedReader
 from .base import Batch, Problem, ProblemSpec
@@ -69,7 +69,7 @@ class _UnpairedBatches:
                             min_size=a.min_object_size)
 
     def __call__(self, rng: np.random.Generator) -> Batch:
-        domain_a = np.stack([self._scene(rng).image for _ in range(self.batch_size)])            # [B, 3, H, W]
+        domain_a = np.stack([self._scene(rng).image for _ in range(self.batch_size)])      # [B, 3, H, W]
         domain_b = np.stack([palette_style(self._scene(rng), rng) for _ in range(self.batch_size)])
         return {"inputs": torch.from_numpy(domain_a * 2 - 1), "targets": torch.from_numpy(domain_b * 2 - 1)}
 
@@ -86,7 +86,7 @@ class UnpairedShapes(Problem):
     def _hp(hp: HParams) -> UnpairedShapesHParams:
         out = hp if isinstance(hp, UnpairedShapesHParams) else UnpairedShapesHParams()
         if out.image_channels != 3 or not 1 <= out.shape_classes <= len(SHAPE_NAMES):
-            raise ValueError(f"shapes_unpaired: image_channels={out.image_channels} must be 3 and "
+            raise HParamsError(f"shapes_unpaired: image_channels={out.image_channels} must be 3 and "
                              f"shape_classes={out.shape_classes} in 1..{len(SHAPE_NAMES)}")
         return out
 

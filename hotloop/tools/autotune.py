@@ -10,7 +10,8 @@
    budget run interleaved with the baseline (:mod:`hotloop.tools.trials`);
 4. a candidate is chosen only if its median step beats eager by ``min_gain``
    and its loss trajectory matches eager fp32 within the engine's tolerance
-   (trial trajectories + :func:`hotloop.engine.parity.check_parity`);
+   (trial trajectories, then :func:`hotloop.engine.parity.check_parity`, which also
+   compares the parameter updates);
 5. the choice is cached (:mod:`hotloop.tools.tune_cache`).
 
 The caller's model, its weights and every global RNG stream are left as they were.
@@ -154,9 +155,10 @@ def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], t
     tol = parity_tolerance(trial.strategy, REFERENCE, device, hp.optimizer)
     with applied_strategy(trial.strategy, device):
         result = check_parity(build, trial.strategy, steps=PARITY_STEPS, tol=tol)
+    update = "" if result.update_diff is None else f", update rel diff {result.update_diff:.1e}"
     if result.ok:
-        return True, f"check_parity ok (max diff {result.max_abs_diff:.1e})"
-    return False, f"REJECTED by check_parity (max diff {result.max_abs_diff:.2e}, tol {result.tol:.0e})"
+        return True, f"check_parity ok (max diff {result.max_abs_diff:.1e}{update})"
+    return False, f"REJECTED by check_parity ({result.reason()})"
 
 
 def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain: float

@@ -3,6 +3,12 @@
 ``build_run("algorithmic_reverse", "transformer")`` resolves names (clear
 errors for typos), applies overrides, checks the model serves the problem's
 task, prepares missing data and builds the seeded model.
+
+A problem name may list several problems, ``"a,b,c"``: the run trains one model on
+a :class:`~hotloop.problems.multi_problem.MultiProblem` of them (see
+``docs/multitask.md``); a model with ``multi_problem = True`` (``multimodel``) gets a
+MultiProblem even for one name. :func:`run_callbacks` gives the callbacks such a run
+needs (the best checkpoint per problem).
 """
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ from ..hparams import HParams, HParamsError, get_hparams
 from ..models.base import ModelMismatchError
 from ..problems.base import Problem, ProblemSpec
 from ..registry import hparams_sets, models, problems
+from .events import Callback
 
-__all__ = ["Run", "resolve_names", "build_run", "build_model"]
+__all__ = ["Run", "resolve_names", "build_run", "build_model", "problem_class", "run_callbacks"]
 
 
 @dataclass
@@ -30,13 +37,36 @@ class Run:
     info: dict[str, Any] = field(default_factory=dict)  # names, overrides, data dirs (JSON)
 
 
+def problem_class(problem: str, model_cls: type | None = None) -> type:
+    """The class ``--problem`` names: a registered problem, or for ``"a,b,c"`` (or any name when
+    ``model_cls.multi_problem`` is set) a MultiProblem class built like one
+    (``cls(data_dir=, raw_dir=)``)."""
+    if "," in problem or getattr(model_cls, "multi_problem", False):
+        from ..problems.multi_problem import multi_problem_class
+        return multi_problem_class(problem)
+    return problems.get(problem)
+
+
+def run_callbacks(problem: Problem) -> list[Callback]:
+    """The callbacks a run of ``problem`` needs besides the Trainer's own: for a MultiProblem,
+    :class:`~hotloop.train.best_per_split.BestPerSplit` (the best checkpoint per problem)."""
+    from ..problems.multi_problem import MultiProblem
+    if isinstance(problem, MultiProblem):
+        from .best_per_split import BestPerSplit
+        return [BestPerSplit(problem.eval_splits)]
+    return []
+
+
 def resolve_names(problem: str, model: str, hparams: str | None = None,
                   overrides: str | None = None) -> tuple[type, type, str, HParams]:
     """Look up the problem and model classes and the hparams set (default: the problem's
     ``default_hparams``); apply overrides; check the model serves the problem's task.
+    ``problem`` may list several problems (``"a,b,c"``, see :func:`problem_class`).
     Imports code but builds nothing."""
-    problem_cls = problems.get(problem)
+    if "," not in problem:
+        problems.get(problem)  # an unknown problem name is reported before the model's
     model_cls = models.get(model)
+    problem_cls = problem_class(problem, model_cls)
     if not hparams:
         hparams = getattr(problem_cls, "default_hparams", "")
         if not hparams:
@@ -63,7 +93,7 @@ def build_run(problem: str, model: str, hparams: str | None = None, overrides: s
               device: str | torch.device = "cpu", prepare: bool = True) -> Run:
     """Resolve, prepare data (``problem.prepare()``, idempotent) and build the model."""
     problem_cls, model_cls, hparams, hp = resolve_names(problem, model, hparams, overrides)
-    prob = problem_cls(data_dir=data_dir, raw_dir=raw_dir)
+    prob = problem_cls(data_dir=data_dir, raw_dir=raw_dir)  # a MultiProblem for "a,b,c"
     if prepare:
         prob.prepare()
     spec = prob.spec(hp)

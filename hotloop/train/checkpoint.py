@@ -11,8 +11,7 @@ fsynced; a process killed mid-write leaves the previous checkpoints intact.
 """
 from __future__ import annotations
 
-from ..errors import UserError
-
+import errno
 import json
 import os
 import re
@@ -23,8 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import UserError
+
 __all__ = ["CheckpointError", "CheckpointManager", "save_checkpoint", "load_checkpoint",
-           "encode_plain", "decode_plain", "FORMAT", "FORMAT_VERSION"]
+           "encode_plain", "decode_plain", "write_failure", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "hotloop-checkpoint"
 FORMAT_VERSION = 1
@@ -84,6 +85,24 @@ def _test_pause(step: int) -> None:
             time.sleep(float(seconds or 60))
 
 
+#: what torch's zip writer says when a write comes up short (a full disk or quota)
+_SHORT_WRITE = ("unexpected pos", "file write failed", "no space left")
+
+
+def write_failure(exc: BaseException, path: Path) -> CheckpointError | None:
+    """A one-line :class:`CheckpointError` for a write that failed for lack of space, else None.
+
+    Covers ``OSError(ENOSPC)``/``EDQUOT`` and torch's ``RuntimeError: [enforce fail at
+    inline_container.cc:...] unexpected pos ...`` wrapping of the same failure.
+    """
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        return CheckpointError(f"cannot write {path}: no space left on device")
+    text = str(exc).lower()
+    if isinstance(exc, RuntimeError) and any(marker in text for marker in _SHORT_WRITE):
+        return CheckpointError(f"cannot write {path}: no space left on device (the write came up short)")
+    return None
+
+
 def save_checkpoint(path: str | Path, meta: dict[str, Any], tensors: dict[str, Any]) -> Path:
     """Atomically write ``meta`` (JSON-serialisable) and ``tensors`` (tensors/plain data) to ``path``."""
     path = Path(path)
@@ -97,8 +116,11 @@ def save_checkpoint(path: str | Path, meta: dict[str, Any], tensors: dict[str, A
             os.fsync(f.fileno())
         _test_pause(int(meta.get("step", -1)))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        failure = write_failure(exc, path)
+        if failure is not None:
+            raise failure from None
         raise
     _fsync_dir(path.parent)
     return path
@@ -182,8 +204,12 @@ class CheckpointManager:
         if valid_loss is not None and valid_loss < self.best_loss:
             self.best_step, self.best_loss = step, float(valid_loss)
             tmp = self.directory / f".tmp-best.json-{os.getpid()}"
-            tmp.write_text(json.dumps({"step": step, "file": path.name, "valid_loss": valid_loss}))
-            os.replace(tmp, self.directory / "best.json")
+            try:
+                tmp.write_text(json.dumps({"step": step, "file": path.name, "valid_loss": valid_loss}))
+                os.replace(tmp, self.directory / "best.json")
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise (write_failure(exc, self.directory / "best.json") or exc) from None
         self.prune()
         return path
 

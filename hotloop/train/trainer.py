@@ -6,9 +6,7 @@ device and read every ``strategy.sync_every`` steps (the log cadence). See
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +19,7 @@ from ..engine import Strategy, build_step
 from ..engine.flags import apply_device_flags
 from ..engine.step import LossFn
 from ..errors import UserError
-from ..hparams import HParams, hparams_to_dict
+from ..hparams import HParams
 from ..optim import build_schedule
 from ..problems.base import Problem, open_reader
 from .checkpoint import CheckpointError, CheckpointManager
@@ -29,9 +27,12 @@ from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, Event
 from .evaluation import evaluate_reader
 from .feeding import DataFeeder
-from .interrupt import SigintGuard
+from .interrupt import Interrupted, StopSignalGuard
 from .loggers import default_loggers
+from .nonfinite import NonFiniteGuard
+from .runfiles import write_run_files
 from .snapshot import restore_training_state, training_state
+from .stopping import StopControl
 from .window import LogWindow
 
 __all__ = ["Trainer", "TrainerError", "FitResult"]
@@ -52,6 +53,7 @@ class FitResult:
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> last eval
     last_checkpoint: str | None = None
     best_checkpoint: str | None = None
+    nonfinite_steps: int = 0          # updates discarded under on_nonfinite="skip"
 
 
 class Trainer:
@@ -61,27 +63,27 @@ class Trainer:
     (so LR schedules see them too); ``max_time`` is in seconds of this ``fit()``.
     Evaluation runs every ``eval_every`` steps (0 = off), at each epoch end and
     at the end of training; a checkpoint is written after each evaluation,
-    every ``checkpoint_every`` steps, at the end and on interrupt (when
+    every ``checkpoint_every`` steps, at the end and on a stop signal (when
     ``output_dir`` is set). ``strategy`` is a concrete :class:`Strategy`
     (default ``Strategy()``); to tune one first, call
-    :func:`hotloop.train.plan.auto_strategy`.
+    :func:`hotloop.train.plan.auto_strategy`. ``on_nonfinite`` is ``"stop"`` or
+    ``"skip"`` (:mod:`hotloop.train.nonfinite`).
     """
 
     def __init__(self, problem: Problem, model: nn.Module, hp: HParams, *,
                  strategy: Strategy | None = None, device: str | torch.device = "cpu",
                  output_dir: str | Path | None = None, max_steps: int | None = None,
                  max_epochs: int | None = None, max_time: float | None = None,
-                 eval_every: int = 0, eval_splits: Sequence[str] = ("valid",),
+                 eval_every: int = 0, eval_splits: Sequence[str] | None = None,
                  eval_batches: int = 0, log_every: int | None = None,
                  checkpoint_every: int = 0, keep_last: int = 3,
                  callbacks: Sequence[Callback] = (), loggers: Sequence[Callback] | None = None,
                  dist: DistContext | None = None, loss_fn: LossFn | None = None,
                  train_reader: Any = None, eval_readers: dict[str, Any] | None = None,
-                 run_info: dict[str, Any] | None = None) -> None:
+                 run_info: dict[str, Any] | None = None, on_nonfinite: str = "stop") -> None:
         overrides = {k: v for k, v in (("max_steps", max_steps), ("max_epochs", max_epochs))
                      if v is not None}
         self.hp = hp.replace(**overrides) if overrides else hp
-        self.max_time = max_time
         if not (self.hp.max_steps or self.hp.max_epochs or max_time):
             raise TrainerError("training has no end: set max_steps, max_epochs or max_time")
         if self.hp.accum_steps < 1:
@@ -91,7 +93,8 @@ class Trainer:
         self.device = torch.device(device)
         self.dist: DistContext = dist if dist is not None else LocalContext()
         self.output_dir = Path(output_dir) if output_dir is not None else None
-        self.eval_every, self.eval_splits, self.eval_batches = eval_every, tuple(eval_splits), eval_batches
+        splits = problem.eval_splits if eval_splits is None else eval_splits
+        self.eval_every, self.eval_splits, self.eval_batches = eval_every, tuple(splits), eval_batches
         self.checkpoint_every = checkpoint_every
         self.run_info = dict(run_info or {})
         self.notices: list[str] = []
@@ -124,6 +127,7 @@ class Trainer:
                            wrap=self.dist.wrap)
         self.optimizer, self.train_model, self.grad_scaler = built.optimizer, built.model, built.grad_scaler
         self.step_fn = built.step
+        self.nonfinite = NonFiniteGuard(on_nonfinite, self.optimizer, self.device)
         self.schedule = build_schedule(self.hp, self.steps_per_epoch)
         if self.step_fn.fallback_reason:
             self.notify(f"strategy backend={self.strategy.backend} fell back to eager: "
@@ -140,19 +144,21 @@ class Trainer:
         self.lr = self.hp.learning_rate
         self.last_metrics: dict[str, dict[str, float]] = {}
         self.last_checkpoint: Path | None = None
-        self._stop_message: str | None = None
-        self._interrupt_requested = False
+        self.stopper = StopControl(self.dist, max_time)
         self._in_step = False
         self._last_eval_step = -1
         self._last_ckpt_step = -1
         self._warned_data_bound = False
         self._window = LogWindow()
-        self._fit_start = time.monotonic()
 
     # ------------------------------------------------------------------ setup
     @property
     def max_steps(self) -> int:
         return self.hp.max_steps
+
+    @property
+    def max_time(self) -> float | None:
+        return self.stopper.max_time
 
     @property
     def host_syncs(self) -> int:
@@ -167,7 +173,7 @@ class Trainer:
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Stop after the current step (callbacks call this)."""
-        self._stop_message = reason
+        self.stopper.request(reason)
 
     def _steps_per_epoch(self) -> int | None:
         try:
@@ -184,34 +190,25 @@ class Trainer:
             raise TrainerError(f"strategy data_parallel={wanted!r} but the process-group context runs "
                                f"{mode!r}; build it with ProcessGroupContext.for_strategy(strategy)")
 
-    def _write_run_files(self) -> None:
-        if self.output_dir is None or not self.dist.is_main:
-            return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        run = {**self.run_info, "strategy": self.strategy.to_dict(), "device": str(self.device),
-               "torch": torch.__version__}
-        for name, data in (("hparams.json", hparams_to_dict(self.hp)), ("run.json", run)):
-            tmp = self.output_dir / f".tmp-{name}"
-            tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-            os.replace(tmp, self.output_dir / name)
-
     # -------------------------------------------------------------- training
     def fit(self, resume: bool | str | Path = False) -> FitResult:
         """Train until a limit is reached; ``resume=True`` continues from the latest
         checkpoint in ``output_dir`` (or from the given checkpoint path)."""
-        self._fit_start = time.monotonic()
-        position = self._resume(resume) if resume else None
-        if not resume:
+        self.stopper.restart_clock()
+        path = self._resume_path(resume) if resume else None
+        position = self.load_checkpoint(path) if path is not None else None
+        if path is None:
             from .snapshot import seed_everything
             seed_everything(self.hp.seed)
-        self._write_run_files()
-        self.callbacks.emit(Event.FIT_START, self, resumed=bool(resume))
+        if self.output_dir is not None and self.dist.is_main:
+            write_run_files(self.output_dir, self.hp, self.run_info, self.strategy, self.device)
+        self.callbacks.emit(Event.FIT_START, self, resumed=path is not None)
         self._window.restart(self.feeder.data_time)
         try:
-            with SigintGuard(self._on_sigint):
+            with StopSignalGuard(self.stopper.on_signal):
                 reason = self._loop(position)
                 if reason == "interrupted":
-                    raise KeyboardInterrupt
+                    raise Interrupted(self.stopper.signum or 2)
                 self._finish(reason)
         except KeyboardInterrupt:
             self._on_interrupt()
@@ -219,15 +216,12 @@ class Trainer:
         finally:
             self.feeder.close()
             self.model.train()
-        result = FitResult(self.step, self.epoch, time.monotonic() - self._fit_start, reason,
-                           dict(self.last_metrics),
-                           str(self.last_checkpoint) if self.last_checkpoint else None,
-                           str(self.checkpoints.best()) if self.checkpoints and self.checkpoints.best() else None)
+        best = self.checkpoints.best() if self.checkpoints else None
+        result = FitResult(self.step, self.epoch, time.monotonic() - self.stopper.start, reason,
+                           dict(self.last_metrics), str(self.last_checkpoint) if self.last_checkpoint else None,
+                           str(best) if best else None, self.nonfinite.skipped)
         self.callbacks.emit(Event.FIT_END, self, result=result)
         return result
-
-    def _on_sigint(self) -> None:
-        self._interrupt_requested = True
 
     def _loop(self, position: dict[str, Any] | None) -> str:
         while True:
@@ -264,17 +258,9 @@ class Trainer:
         return self.model.initial_state(self.hp.batch_size // self.dist.world_size, self.device)
 
     def _stop_reason(self, epoch_boundary: bool = False) -> str | None:
-        if self._interrupt_requested:
-            return "interrupted"
-        if self._stop_message:
-            return f"stopped: {self._stop_message}"
-        if self.hp.max_steps and self.step >= self.hp.max_steps:
-            return "max_steps"
-        if epoch_boundary and self.hp.max_epochs and self.epoch >= self.hp.max_epochs:
-            return "max_epochs"
-        if self.max_time is not None and time.monotonic() - self._fit_start >= self.max_time:
-            return "max_time"
-        return None
+        return self.stopper.reason(step=self.step, epoch=self.epoch, max_steps=self.hp.max_steps,
+                                   max_epochs=self.hp.max_epochs, epoch_boundary=epoch_boundary,
+                                   sync_point=self.step % self.log_every == 0)
 
     def _train_step(self, batches: list) -> None:
         self._in_step = True
@@ -283,8 +269,10 @@ class Trainer:
             group["lr"] = self.lr
         result = self.step_fn(batches, self.state)
         self.state = result.state if self.spec.streamed else None
-        self._window.add_step(result.stats, result.loss, result.grad_norm)
         self.step += 1
+        bad = self.nonfinite.observe(self.step, result.loss, result.grad_norm)
+        stats, loss, grad_norm = self.nonfinite.mask(bad, result.stats, result.loss, result.grad_norm)
+        self._window.add_step(stats, loss, grad_norm, nonfinite=bad)
         self._in_step = False
 
     def _after_step(self) -> None:
@@ -330,7 +318,8 @@ class Trainer:
         row = self._window.read_row(step=self.step, epoch=self.epoch, lr=self.lr,
                                     data_time=self.feeder.data_time, world_size=self.dist.world_size,
                                     reduce=self.dist.all_reduce_stats,
-                                    elapsed=time.monotonic() - self._fit_start)
+                                    elapsed=time.monotonic() - self.stopper.start)
+        self.nonfinite.check(int(row.get("nonfinite_steps", 0)), self.step - steps + 1, self.step)
         if row["data_fraction"] > DATA_BOUND_FRACTION and not self._warned_data_bound and self.step > steps:
             self._warned_data_bound = True
             self.notify(f"waiting for data {row['data_fraction']:.0%} of step time; add workers "
@@ -379,16 +368,16 @@ class Trainer:
         self.dist.barrier()
         return path
 
-    def _resume(self, resume: bool | str | Path) -> dict[str, Any] | None:
+    def _resume_path(self, resume: bool | str | Path) -> Path | None:
+        """The checkpoint to resume from; None (a fresh start, with a notice) when there is none yet."""
         if isinstance(resume, (str, Path)):
-            path = Path(resume)
-        else:
-            if self.checkpoints is None:
-                raise CheckpointError("resume needs an output_dir with checkpoints")
-            path = self.checkpoints.latest()
-            if path is None:
-                raise CheckpointError(f"no checkpoint to resume from in {self.checkpoints.directory}")
-        return self.load_checkpoint(path)
+            return Path(resume)
+        if self.checkpoints is None:
+            raise CheckpointError("resume needs an output_dir with checkpoints")
+        path = self.checkpoints.latest()
+        if path is None:
+            self.notify(f"resume: no checkpoint in {self.checkpoints.directory} yet; starting from step 0")
+        return path
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any] | None:
         """Restore the full training state from ``path``; returns the reader position."""

@@ -34,12 +34,16 @@ class LogWindow:
         """Begin a new window now; ``data_time`` is the feeder's running data-wait total."""
         self.start, self.data_time_at_start, self.steps = time.perf_counter(), data_time, 0
 
-    def add_step(self, stats: dict[str, Tensor], loss: Tensor, grad_norm: Tensor | None) -> None:
-        """Add one optimizer step's statistics (tensors; nothing is read)."""
+    def add_step(self, stats: dict[str, Tensor], loss: Tensor, grad_norm: Tensor | None,
+                 nonfinite: Tensor | None = None) -> None:
+        """Add one optimizer step's statistics (tensors; nothing is read); ``nonfinite`` is the
+        step's ``[]`` bool "not finite" flag (counted as ``nonfinite_steps`` in the row)."""
         self.sums.add(stats)
         extra = {"_loss_sum": loss}
         if grad_norm is not None:
             extra["_grad_norm_sum"] = grad_norm
+        if nonfinite is not None:
+            extra["_nonfinite"] = nonfinite.float()
         self.sums.add(extra)
         self.steps += 1
 
@@ -62,5 +66,7 @@ class LogWindow:
         row["data_fraction"] = min(1.0, waited / wall)
         if "_grad_norm_sum" in sums:
             row["grad_norm"] = sums["_grad_norm_sum"] / max(steps, 1) / world_size
+        if "_nonfinite" in sums:
+            row["nonfinite_steps"] = int(round(sums["_nonfinite"]))
         row["time"] = elapsed
         return row

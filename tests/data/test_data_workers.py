@@ -121,10 +121,13 @@ def test_killed_worker_is_a_clear_error_within_seconds():
     it = iter(reader)
     next(it)
     victim = reader._pool.pids[0]
+    killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    with pytest.raises(WorkerError, match=r"SIGKILL") as info:  # promptly: the timeout bounds it
+    with pytest.raises(WorkerError, match=r"SIGKILL") as info:
         for _ in it:
             pass
+    waited = time.monotonic() - killed_at
+    assert waited < 5.0, f"the killed worker was reported after {waited:.1f} s"   # poll interval: 0.2 s
     assert str(victim) in str(info.value)
     assert _no_children()
 
@@ -209,3 +212,56 @@ def test_ctrl_c_and_interpreter_exit_leave_no_orphans(tmp_path):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids)
+
+
+_ORPHAN_SCRIPT = textwrap.dedent("""
+    import time
+    import numpy as np
+    from hotloop.data import from_arrays
+
+
+    def slow(item):
+        time.sleep(0.01)
+        return np.array([int(item)])
+
+
+    if __name__ == "__main__":
+        pids, keep = [], []
+        for context in ("forkserver", "fork"):
+            reader = from_arrays(np.arange(100000)).map(slow, workers=2, mp_context=context)
+            it = iter(reader)
+            next(it)
+            pids += reader._pool.pids
+            keep.append((reader, it))          # alive, not consumed: the workers sit idle
+        print("PIDS", *pids, flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_workers_exit_soon_after_the_parent_is_killed(tmp_path):
+    """SIGKILL the parent (no finalizer, no atexit can run): its workers notice and exit."""
+    script = tmp_path / "orphans.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), proc.stderr.read()
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 4 and all(_alive(p) for p in pids)
+        time.sleep(1.5)                      # the workers are idle, waiting on their task queues
+        killed_at = time.monotonic()
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    while any(_alive(p) for p in pids) and time.monotonic() - killed_at < 10:
+        time.sleep(0.02)
+    gone_after = time.monotonic() - killed_at
+    left = [p for p in pids if _alive(p)]
+    for pid in left:                         # do not leak them into the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not left and gone_after < 2.0, f"workers {left or pids} still alive {gone_after:.2f} s after"

@@ -152,3 +152,16 @@ def test_lm_sampling_end_to_end(lm_run, tmp_path):
     assert any(o != first for o in others)
     greedy = _decode(lm_run, prompts, tmp_path, top_k=1, max_length=6)
     assert greedy == _decode(lm_run, prompts, tmp_path, top_k=1, max_length=6, seed=9)   # no randomness left
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_runtime_decoding_of_the_exported_graphs_equals_torch(wmt_run, runtime):
+    """`hotloop decode --runtime R` on `hotloop export` graphs writes the same greedy lines as torch."""
+    from hotloop.cli import main
+    run, splits, tmp = wmt_run
+    folder = "onnx" if runtime == "onnxruntime" else "openvino"
+    assert main(["export", "--output-dir", str(run), "--format", folder]) == 0
+    sources = "\n".join(en for en, _ in splits["test"][:6]).encode() + b"\n"
+    torch_lines = _decode(run, sources, tmp, beam_size=1)
+    runtime_lines = _decode(run, sources, tmp, beam_size=1, runtime=runtime)
+    assert runtime_lines == torch_lines and len(torch_lines) == len(splits["test"][:6]) > 1

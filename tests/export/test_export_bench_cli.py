@@ -9,6 +9,7 @@ import pytest
 import torch
 
 pytest.importorskip("onnxruntime")
+pytest.importorskip("safetensors")
 
 from export_helpers import save_run, tiny_model  # noqa: E402
 

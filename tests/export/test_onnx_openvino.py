@@ -133,6 +133,7 @@ class BranchyNet(ConvNet):
 
 def test_data_dependent_control_flow_names_op_and_fallback(tmp_path):
     base = tiny_model("conv_net")
+    export_model(base, "safetensors", tmp_path / "out", model_name="conv_net")   # an earlier export
     model = BranchyNet(base.hp, base.spec).eval()
     with pytest.raises(DataDependentControlFlowError) as info:
         export_model(model, "onnx", tmp_path / "out", model_name="branchy", log=lambda _msg: None)
@@ -140,7 +141,9 @@ def test_data_dependent_control_flow_names_op_and_fallback(tmp_path):
     assert "test_onnx_openvino.py" in message and "x.mean() > 0" in message
     assert "aten." in message                       # the op
     assert "TorchScript fallback" in message        # the fallback, and why it is not used
-    assert not (tmp_path / "out" / "config.json").exists()
+    # the failed export leaves the earlier one as it was, and no partial directory
+    assert read_manifest(tmp_path / "out")["format"] == "safetensors"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_explicit_torchscript_names_the_traced_branch(tmp_path):

@@ -213,7 +213,8 @@ def test_pretraining_pairs_masking_and_next_sentence(bert_ptb):
     hp = BertPretrainHParams(batch_size=64, max_length=64)
     batch = next(iter(bert_ptb.reader("valid", hp)))
     inputs, segments = batch["inputs"].numpy(), batch["segment_ids"].numpy()
-    positions, targets, nsp = batch["mlm_positions"].numpy(), batch["targets"].numpy(), batch["nsp_targets"].numpy()
+    positions, targets = batch["mlm_positions"].numpy(), batch["targets"].numpy()
+    nsp = batch["nsp_targets"].numpy()
     assert inputs.shape == segments.shape == (64, 64) and positions.shape == targets.shape == (64, 20)
     flat, starts = _stream(bert_ptb.sentences("valid"))
     masked = kept = total = 0
@@ -223,7 +224,8 @@ def test_pretraining_pairs_masking_and_next_sentence(bert_ptb):
         original[positions[row, :count]] = targets[row, :count]
         assert original[0] == CLS and (original == SEP).sum() == 2 and (inputs[row] == CLS).sum() == 1
         first_sep, second_sep = np.flatnonzero(original == SEP)
-        assert (segments[row, :first_sep + 1] == 0).all() and (segments[row, first_sep + 1:second_sep + 1] == 1).all()
+        assert (segments[row, :first_sep + 1] == 0).all()
+        assert (segments[row, first_sep + 1:second_sep + 1] == 1).all()
         assert (inputs[row, second_sep + 1:] == 0).all() and (segments[row, second_sep + 1:] == 0).all()
         real = second_sep - 2
         assert count == min(20, max(1, round(real * 0.15)))

@@ -1,0 +1,118 @@
+"""Run configuration files for ``hotloop train --config FILE`` (JSON always, YAML with PyYAML).
+
+A config file is one mapping whose keys are the ``hotloop train`` settings
+(:data:`CONFIG_KEYS`); the ``run.json`` a finished run leaves in its output
+directory is such a file too (its extra informational keys, e.g. ``torch``, are
+ignored), so ``hotloop train --config D/run.json --output-dir D2`` repeats run D.
+
+Flags given on the command line win over the file, except ``overrides`` and
+``strategy_overrides``, which are combined: the file's first, then the flags'
+(a key in both takes the flag's value).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+
+__all__ = ["ConfigError", "CONFIG_KEYS", "ALIASES", "IGNORED_KEYS", "load_config", "overrides_text"]
+
+
+class ConfigError(UserError, ValueError):
+    """A config file that cannot be read or has an unknown key or a value of the wrong type."""
+
+
+_STR, _INT, _NUM, _BOOL = (str,), (int,), (int, float), (bool,)
+_OPT_STR = (str, type(None))
+_OPT_INT = (int, type(None))
+_OPT_NUM = (int, float, type(None))
+
+#: key -> accepted JSON types (``dict`` for overrides means ``{"key": value}``)
+CONFIG_KEYS: dict[str, tuple[type, ...]] = {
+    "problem": _STR, "model": _STR, "hparams": _OPT_STR, "overrides": (str, dict, type(None)),
+    "strategy": (str, dict), "strategy_overrides": (str, dict, type(None)), "device": _STR,
+    "precision": _OPT_STR, "accum_steps": _OPT_INT,
+    "max_steps": _OPT_INT, "max_epochs": _OPT_INT, "max_time": _OPT_NUM, "eval_every": _INT,
+    "keep_last": _INT, "output_dir": _OPT_STR, "data_dir": _OPT_STR, "raw_dir": _OPT_STR,
+    "imports": (list,), "loggers": (str, list), "on_nonfinite": _STR, "resume": _BOOL,
+}
+#: other spellings accepted (``run.json`` writes ``hparams_set``)
+ALIASES = {"hparams_set": "hparams", "strategy_override": "strategy_overrides", "override": "overrides",
+           "import": "imports"}
+#: keys that ``run.json`` records for information only
+IGNORED_KEYS = ("torch",)
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {str: "string", int: "integer", float: "number", bool: "true/false", dict: "mapping",
+             list: "list", type(None): "null"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _parse(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ConfigError(f"config file {path}: cannot read it ({reason})") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError(f"config file {path}: reading YAML needs PyYAML "
+                              "(pip install pyyaml), or write the config as JSON") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"config file {path}: not valid JSON: {exc}") from None
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """The checked settings of config file ``path`` (aliases resolved, informational keys dropped)."""
+    path = Path(path)
+    data = _parse(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of settings, got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = ALIASES.get(str(raw_key), str(raw_key))
+        if key in IGNORED_KEYS:
+            continue
+        if key not in CONFIG_KEYS:
+            raise ConfigError(f"config file {path}: unknown key {raw_key!r}; known keys: "
+                              f"{', '.join(sorted(CONFIG_KEYS))}")
+        types = CONFIG_KEYS[key]
+        wrong_bool = isinstance(value, bool) and bool not in types
+        if wrong_bool or not isinstance(value, types):
+            raise ConfigError(f"config file {path}: {raw_key!r} must be {_type_names(types)}, "
+                              f"got {type(value).__name__} {value!r}")
+        if key in ("imports", "loggers") and isinstance(value, list) and \
+                not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"config file {path}: {raw_key!r} must be a list of strings, got {value!r}")
+        out[key] = value
+    return out
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ":".join(_value_text(v) for v in value)
+    return "none" if value is None else str(value)
+
+
+def overrides_text(*parts: str | dict[str, Any] | None) -> str:
+    """``"k=v,..."`` from override strings and mappings, in order (later keys win when applied)."""
+    texts = []
+    for part in parts:
+        if isinstance(part, dict):
+            texts.extend(f"{k}={_value_text(v)}" for k, v in part.items())
+        elif part:
+            texts.append(part.strip().strip(","))
+    return ",".join(t for t in texts if t)

@@ -1,0 +1,124 @@
+"""The non-finite loss policy, without a per-step host sync.
+
+Every step, :meth:`NonFiniteGuard.observe` turns the step's loss (and grad norm)
+into a device-side flag; the flag is summed into the log window and read with the
+other statistics every ``sync_every`` steps. The guard also keeps, on the device,
+the first step whose loss was not finite, which is read only when reporting one.
+
+Policies:
+
+- ``stop``: the read that finds a non-finite step raises :class:`NonFiniteLossError`
+  naming the step (and the window of steps it was detected in).
+- ``skip``: the optimizer update of a step whose gradients are not finite is
+  discarded on the device (parameters and optimizer state are put back with
+  ``torch.where``), and the step is counted (``nonfinite_steps`` in the log row).
+  When every step is finite the selected values are the updated ones, so results
+  are bitwise those of a run without the guard. Optimizer state created by the
+  discarded update is reset to zeros (the initial state of Adam, SGD momentum...).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import UserError
+
+__all__ = ["NonFiniteGuard", "NonFiniteLossError", "POLICIES"]
+
+POLICIES = ("stop", "skip")
+
+
+class NonFiniteLossError(UserError, FloatingPointError):
+    """Training produced a non-finite loss or gradient under the ``stop`` policy."""
+
+
+class NonFiniteGuard:
+    """Device-side non-finite detection for one Trainer; ``policy`` is ``stop`` or ``skip``."""
+
+    def __init__(self, policy: str, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        if policy not in POLICIES:
+            raise UserError(f"on_nonfinite {policy!r}: use one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.optimizer = optimizer
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)  # first bad step (local)
+        self.skipped = 0                       # steps discarded so far (host, updated at reads)
+        self._grads_bad: Tensor | None = None  # [] bool, from the pre-step hook (skip)
+        self._saved: list[tuple[Tensor, Tensor]] = []
+        self._saved_state: dict[int, dict[str, Tensor]] = {}
+        if policy == "skip":
+            if not hasattr(optimizer, "register_step_pre_hook"):
+                raise UserError(f"on_nonfinite=skip needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            optimizer.register_step_pre_hook(self._before_update)
+            optimizer.register_step_post_hook(self._after_update)
+
+    # ------------------------------------------------------------ skip hooks
+    def _params(self) -> list[Tensor]:
+        return [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+    @torch.no_grad()
+    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        params = self._params()
+        if not params:
+            self._grads_bad = None
+            return
+        norms = torch._foreach_norm([p.grad for p in params])                   # one [] per tensor
+        self._grads_bad = ~torch.isfinite(torch.stack([n.float() for n in norms])).all()
+        self._saved = [(p, p.detach().clone()) for p in params]
+        self._saved_state = {id(p): {k: v.clone() for k, v in self.optimizer.state.get(p, {}).items()
+                                     if isinstance(v, Tensor)} for p in params}
+
+    @torch.no_grad()
+    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        bad = self._grads_bad
+        if bad is None:
+            return
+        for param, before in self._saved:
+            param.copy_(torch.where(bad, before, param))
+            saved = self._saved_state.get(id(param), {})
+            for key, value in self.optimizer.state.get(param, {}).items():
+                if isinstance(value, Tensor):
+                    old = saved.get(key)
+                    old = old if old is not None else torch.zeros_like(value)
+                    value.copy_(torch.where(bad.to(value.device), old, value))
+        self._saved, self._saved_state = [], {}
+
+    # -------------------------------------------------------------- per step
+    @torch.no_grad()
+    def observe(self, step: int, loss: Tensor, grad_norm: Tensor | None) -> Tensor:
+        """The ``[]`` bool flag "step ``step`` was not finite" (device; nothing is read)."""
+        bad = ~torch.isfinite(loss.detach()).all()
+        if grad_norm is not None:
+            bad = bad | ~torch.isfinite(grad_norm.detach()).all()
+        if self._grads_bad is not None:
+            bad = bad | self._grads_bad.to(bad.device)
+            self._grads_bad = None
+        self.first_bad = torch.where(bad & (self.first_bad < 0), step, self.first_bad)
+        return bad
+
+    def mask(self, bad: Tensor, stats: dict[str, Tensor], loss: Tensor,
+             grad_norm: Tensor | None) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
+        """Under ``skip``: zero a discarded step's statistics so log rows stay finite."""
+        if self.policy != "skip":
+            return stats, loss, grad_norm
+        zero = {k: torch.where(bad, torch.zeros_like(v), v) for k, v in stats.items()}
+        loss = torch.where(bad, torch.zeros_like(loss), loss)
+        if grad_norm is not None:
+            grad_norm = torch.where(bad, torch.zeros_like(grad_norm), grad_norm)
+        return zero, loss, grad_norm
+
+    # -------------------------------------------------------------- at reads
+    def check(self, count: int, first_step: int, last_step: int) -> None:
+        """Apply the policy to a log window that had ``count`` non-finite steps (host values)."""
+        if count <= 0:
+            return
+        if self.policy == "skip":
+            self.skipped += count
+            return
+        exact = int(self.first_bad.item())   # read only on this error path
+        where = f"at step {exact}" if exact >= 0 else "on another rank"
+        raise NonFiniteLossError(
+            f"non-finite loss or gradient {where} (detected in steps {first_step}-{last_step}, "
+            f"{count} non-finite step(s)); lower the learning rate, enable clipping (max_grad_norm), "
+            f"or pass --on-nonfinite skip; the last checkpoint before it is intact")
