@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from hotloop.builtin import declare_builtins
-from hotloop.engine.build import build_step
+from hotloop.engine.step import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams, get_hparams
 from hotloop.registry import models, problems

@@ -3,10 +3,9 @@
 Heavy pieces (capture, passes, executors, torch.compile) are imported only when
 a strategy needs them. :func:`build_step` is the one way to build a training step.
 """
-from .build import BuiltStep, build_step
 from .flags import FlagReport, apply_device_flags
 from .parity import ParityCase, ParityResult, check_parity
-from .step import StepResult, TrainStep
+from .step import BuiltStep, StepResult, TrainStep, build_step
 from .strategy import Strategy, StrategyError, validate_for_model
 
 __all__ = ["BuiltStep", "FlagReport", "ParityCase", "ParityResult", "StepResult", "Strategy",

@@ -1,6 +1,6 @@
 """What a strategy does to one model, without training it (``hotloop explain``).
 
-Builds the step the Trainer would build (:func:`hotloop.engine.build.build_step`),
+Builds the step the Trainer would build (:func:`hotloop.engine.step.build_step`),
 applies the device flags and runs the step once on one real batch, then prints
 the effective strategy, the device flags set, every graph pass with its match
 counts, captures, graph breaks and fallbacks with reasons, and memory estimates.
@@ -16,10 +16,9 @@ from torch import nn
 
 from ..hparams import HParams
 from ..problems.base import Batch
-from .build import build_step
 from .capture import CaptureError, capture_joint
 from .flags import apply_device_flags
-from .step import default_loss_fn
+from .step import build_step, default_loss_fn
 from .strategy import Strategy
 
 __all__ = ["explain"]

@@ -18,7 +18,10 @@ Batches: ``inputs`` (domain A) and ``targets`` (domain B), ``[B, 3, H, W]`` in [
 """
 from __future__ import annotations
 
+import struct
+import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +35,7 @@ from ..registry import hparams_sets, models
 from .base import LossOutput, SequenceModel, count
 
 __all__ = ["CycleGAN", "CycleGANHParams", "ResnetGenerator", "PatchDiscriminator", "ImagePool",
-           "cyclegan_256", "cyclegan_small"]
+           "translation_grid", "write_png", "cyclegan_256", "cyclegan_small"]
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,35 @@ class CycleGAN(SequenceModel):
     def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:
         """The generator phase's loss (what evaluation reports as ``loss``)."""
         return self.generator_loss(batch)
+
+
+@torch.no_grad()
+def translation_grid(model: CycleGAN, batch: Batch, rows: int = 4) -> Tensor:
+    """uint8 [rows * H, 4 * W, 3]: per row real A, A -> B, real B, B -> A (eval mode)."""
+    was_training = model.training
+    model.eval()
+    try:
+        real_a, real_b = batch["inputs"][:rows], batch["targets"][:rows]               # [R, C, H, W]
+        columns = [real_a, model.a_to_b(real_a), real_b, model.b_to_a(real_b)]
+    finally:
+        model.train(was_training)
+    grid = torch.cat([torch.cat(list(col), dim=1) for col in columns], dim=2)       # [C, R*H, 4*W]
+    return ((grid.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).cpu()
+
+
+def write_png(path: str | Path, image: Tensor) -> Path:
+    """Write uint8 [H, W, 3] as an 8-bit RGB PNG (no imaging library needed)."""
+    height, width, _ = image.shape
+    rows = b"".join(b"\x00" + bytes(row) for row in image.contiguous().numpy().reshape(height, -1))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path = Path(path)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+                     + chunk(b"IEND", b""))
+    return path
 
 
 @hparams_sets.register("cyclegan_256")

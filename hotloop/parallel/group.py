@@ -39,21 +39,25 @@ def is_distributed_env() -> bool:
     return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def read_env() -> DistEnv:
-    """Parse the ``torchrun`` variables; raise :class:`LaunchError` naming what is missing or wrong."""
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+def read_env(*, need_master: bool = True) -> DistEnv:
+    """Parse the ``torchrun`` variables; raise :class:`LaunchError` naming what is missing or wrong.
+
+    ``need_master=False`` (a file store) makes MASTER_ADDR / MASTER_PORT optional.
+    """
+    needed = ("RANK", "WORLD_SIZE") + (("MASTER_ADDR", "MASTER_PORT") if need_master else ())
+    missing = [k for k in needed if k not in os.environ]
     if missing:
         raise LaunchError(f"distributed environment variables {missing} are not set; start the job "
                           "with `hotloop train ... --nproc N` or `torchrun ... -m hotloop train ...`")
     try:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-        port = int(os.environ["MASTER_PORT"])
+        port = int(os.environ.get("MASTER_PORT", "0"))
     except ValueError as exc:
         raise LaunchError(f"bad distributed environment variable: {exc}") from None
     if world < 1 or not 0 <= rank < world:
         raise LaunchError(f"RANK={rank} is not in [0, WORLD_SIZE={world})")
-    return DistEnv(rank, world, local, os.environ["MASTER_ADDR"], port)
+    return DistEnv(rank, world, local, os.environ.get("MASTER_ADDR", ""), port)
 
 
 def default_backend() -> str:
@@ -71,23 +75,33 @@ def default_timeout_s() -> float:
     return value
 
 
-def _job_store(env: DistEnv, timeout: timedelta) -> dist.Store:
+def _job_store(env: DistEnv, timeout: timedelta, store_file: str | None = None) -> dist.Store:
     """The rendezvous key-value store, with keys private to this restart attempt.
 
     Under torchrun the agent hosts the store and keeps it across restarts, so
     without a per-attempt prefix a restarted group would read the dead
-    group's gloo addresses. Outside torchrun rank 0 hosts the store.
+    group's gloo addresses. Outside torchrun rank 0 hosts the store, or every
+    rank opens ``store_file`` (a ``FileStore``: no port to pick).
     """
     use_agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
-                          is_master=not use_agent_store and env.rank == 0, timeout=timeout)
+    if store_file is not None:
+        store: dist.Store = dist.FileStore(store_file, env.world_size)
+        store.set_timeout(timeout)
+    else:
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
+                              is_master=not use_agent_store and env.rank == 0, timeout=timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"hotloop/attempt_{attempt}", store)
 
 
-def init_process_group(backend: str | None = None, timeout_s: float | None = None) -> DistEnv:
-    """Join the job's default process group (idempotent); on CUDA bind this rank to its local GPU."""
-    env = read_env()
+def init_process_group(backend: str | None = None, timeout_s: float | None = None, *,
+                       store_file: str | None = None) -> DistEnv:
+    """Join the job's default process group (idempotent); on CUDA bind this rank to its local GPU.
+
+    ``store_file``: rendezvous through this file (every rank passes the same path, which must
+    not exist before the job) instead of a TCP store on MASTER_ADDR:MASTER_PORT.
+    """
+    env = read_env(need_master=store_file is None)
     backend = backend or default_backend()
     if backend == "nccl":
         if not torch.cuda.is_available():
@@ -95,7 +109,7 @@ def init_process_group(backend: str | None = None, timeout_s: float | None = Non
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s or default_timeout_s())
-        dist.init_process_group(backend=backend, store=_job_store(env, timeout), rank=env.rank,
+        dist.init_process_group(backend=backend, store=_job_store(env, timeout, store_file), rank=env.rank,
                                 world_size=env.world_size, timeout=timeout)
     elif dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
         raise LaunchError(f"process group already initialised as rank {dist.get_rank()}/"

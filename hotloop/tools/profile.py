@@ -1,7 +1,7 @@
 """The speed doctor: where does a training step's time go, and what to change.
 
 ``profile_training`` builds the step the Trainer builds
-(:func:`hotloop.engine.build.build_step`) on a copy of the model, feeds it through
+(:func:`hotloop.engine.step.build_step`) on a copy of the model, feeds it through
 the Trainer's feeding path (:class:`hotloop.train.feeding.DataFeeder`: prefetch,
 workers and speed-test mode as the Strategy says) and runs it twice:
 
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ..engine.build import build_step
+from ..engine.step import build_step
 from ..engine.strategy import Strategy
 from ..hparams import HParams
 from ..problems.base import Problem, open_reader

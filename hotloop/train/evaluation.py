@@ -21,10 +21,18 @@ def evaluate_reader(model: nn.Module, reader: Any, *, device: torch.device, prec
                     ) -> dict[str, float]:
     """Loss, ppl, accuracy and seq_accuracy of ``model`` over one pass of ``reader``.
 
+    Detection models (``spec.task == "detect"``) report their losses and COCO AP instead
+    (:func:`hotloop.detection.evaluate.evaluate_detection`; one process: AP needs every prediction).
+
     ``initial_state`` is the carried state for streamed problems (None otherwise);
     ``max_batches`` > 0 limits the pass; ``reduce`` sums statistics over ranks.
     One host sync at the end.
     """
+    spec = getattr(model, "spec", None)
+    if spec is not None and spec.task == "detect":      # loss metrics plus COCO box (and mask) AP
+        from ..detection.evaluate import evaluate_detection
+        return evaluate_detection(model, reader, device=device, num_classes=spec.target_vocab_size,
+                                  max_batches=max_batches)
     was_training = model.training
     model.eval()
     acc = StatsAccumulator()

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from hotloop.models.cyclegan import CycleGAN, CycleGANHParams, ImagePool, PatchDiscriminator, ResnetGenerator
+from hotloop.models.cyclegan import (CycleGAN, CycleGANHParams, ImagePool, PatchDiscriminator, ResnetGenerator,
+                                     translation_grid, write_png)
 from hotloop.models.resnet import count_parameters
 from hotloop.problems.base import ProblemSpec
 
@@ -105,3 +106,18 @@ def test_short_run_reduces_the_cycle_loss():
         opt_d.step()
         cycles.append(float(out.stats["cycle_sum"]) / 2)
     assert max(cycles[-3:]) < 0.6 * cycles[0]
+
+
+def test_translation_grid_png(tmp_path):
+    matplotlib_image = pytest.importorskip("matplotlib.image")
+    torch.manual_seed(0)
+    model = CycleGAN(_tiny(), SPEC)
+    batch = _batch(1, b=3)
+    grid = translation_grid(model, batch, rows=2)
+    assert grid.shape == (32, 64, 3) and grid.dtype == torch.uint8
+    expected_a = ((batch["inputs"][1] + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0)
+    assert torch.equal(grid[16:, :16], expected_a)                  # row 2, column "real A"
+    path = write_png(tmp_path / "grid.png", grid)
+    decoded = matplotlib_image.imread(str(path))                    # an independent PNG decoder
+    assert decoded.shape == (32, 64, 3)
+    assert torch.equal(torch.from_numpy((decoded * 255).round().astype("uint8")), grid)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,13 +101,12 @@ def train(case: Case, ctx: Any, steps: int, init: dict | None = None) -> dict:
             "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def worker(rank: int, store_file: str, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     from hotloop.parallel import ProcessGroupContext, optimizer_state_bytes
     from hotloop.parallel.group import init_process_group
-    init_process_group("gloo", timeout_s=60)
+    init_process_group("gloo", timeout_s=60, store_file=store_file)   # a file: no port to race for
     results = {}
     for case in (conv_case(), lstm_case()):
         start = torch.load(Path(out_dir) / f"{case.name}_start.pt", weights_only=True)
@@ -177,12 +175,6 @@ def lstm_trainer_run(out: Path, max_steps: int, mode: str = "none", dist: Any = 
                    max_steps=max_steps, eval_every=0, loggers=[], dist=dist)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def assert_close_run(got: dict, ref: dict, what: str) -> None:
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-5, atol=1e-6, err_msg=what)
     np.testing.assert_allclose(got["grad_norms"], ref["grad_norms"], rtol=1e-5, atol=1e-6, err_msg=what)
@@ -205,7 +197,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     os.link(CheckpointManager(out / "single" / "checkpoints").latest(), out / "single-3.ckpt")
     trainer_run(out / "single", 5).fit(resume=True)
     lstm_trainer_run(out / "lstm-single", 4).fit()
-    mp.start_processes(worker, args=(free_port(), str(out)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(worker, args=(str(out / "rendezvous"), str(out)), nprocs=WORLD, start_method="spawn")
     return {"refs": refs, "dist": torch.load(out / "results.pt", weights_only=True), "dir": out}
 
 

@@ -1,4 +1,5 @@
-"""Launching with torch.distributed.run: a crashing rank fails the job fast, naming the rank.
+"""Launching with torch.distributed.run: a rank that raises, is killed by a signal or hangs
+fails the job, naming the rank, and the other ranks are stopped.
 
 This file is also the worker script (``python test_dp_launch.py --worker ...``).
 """
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 def _worker_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--crash-rank", type=int, default=-1)
+    parser.add_argument("--kill-rank", type=int, default=-1)     # SIGKILLs itself
+    parser.add_argument("--hang-rank", type=int, default=-1)     # never joins the barriers
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     import torch
@@ -32,6 +36,10 @@ def _worker_main(argv: list[str]) -> None:
         assert float(total) == ctx.world_size
         if ctx.rank == args.crash_rank:
             raise RuntimeError(f"injected failure on rank {ctx.rank}")
+        if ctx.rank == args.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if ctx.rank == args.hang_rank:
+            time.sleep(120)       # the others' barrier must time out (HOTLOOP_DIST_TIMEOUT_S)
         for _ in range(3):
             ctx.barrier()
         time.sleep(120)  # the healthy rank must be torn down by the launcher, not time out
@@ -48,16 +56,51 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_crashing_rank_fails_the_job_naming_the_rank(tmp_path: Path, worker_env: None) -> None:
     from hotloop.parallel import WorkerFailedError
     from hotloop.parallel.launch import launch
-    start = time.monotonic()
     with pytest.raises(WorkerFailedError) as info:
         launch(2, [__file__, "--worker", "--crash-rank", "1", "--out", str(tmp_path)], module=False)
-    assert time.monotonic() - start < 45
     root_cause = str(info.value).splitlines()[0]
     assert "rank 1 (" in root_cause and "injected failure on rank 1" in root_cause, str(info.value)
     assert 1 in info.value.ranks and info.value.exit_code != 0
     survivor = int((tmp_path / "pid_0").read_text())
     with pytest.raises(ProcessLookupError):  # the healthy rank was stopped, not orphaned
         os.kill(survivor, 0)
+
+
+def _survivor_stopped(path: Path) -> None:
+    survivor = int(path.read_text())
+    with pytest.raises(ProcessLookupError):  # stopped by the launcher, not orphaned
+        os.kill(survivor, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_rank_killed_by_a_signal_fails_the_job_naming_rank_and_signal(tmp_path: Path,
+                                                                      worker_env: None) -> None:
+    from hotloop.parallel import WorkerFailedError
+    from hotloop.parallel.launch import launch
+    with pytest.raises(WorkerFailedError) as info:
+        launch(2, [__file__, "--worker", "--kill-rank", "1", "--out", str(tmp_path)], module=False)
+    root_cause = str(info.value).splitlines()[0]
+    assert "rank 1 (" in root_cause and "SIGKILL" in root_cause, str(info.value)
+    assert 1 in info.value.ranks and info.value.exit_code != 0
+    _survivor_stopped(tmp_path / "pid_0")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_hung_rank_times_out_and_fails_the_job(tmp_path: Path, worker_env: None) -> None:
+    """Rank 1 stops answering; rank 0's barrier times out after HOTLOOP_DIST_TIMEOUT_S (3 s here)."""
+    from hotloop.parallel import WorkerFailedError
+    from hotloop.parallel.launch import launch
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        launch(2, [__file__, "--worker", "--hang-rank", "1", "--out", str(tmp_path)], module=False,
+               env={"HOTLOOP_DIST_TIMEOUT_S": "3"})
+    waited = time.monotonic() - start
+    root_cause = str(info.value).splitlines()[0]
+    assert "rank 0 (" in root_cause and "timed out" in root_cause.lower(), str(info.value)
+    assert waited < 60           # neither the 120 s sleep nor the default 180 s timeout: 3 s did it
+    _survivor_stopped(tmp_path / "pid_1")
 
 
 def test_strip_launch_flags() -> None:

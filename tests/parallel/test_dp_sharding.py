@@ -103,19 +103,16 @@ def test_image_labels_use_every_class() -> None:
     assert int(counts.min()) > 0   # a teacher that ignores classes would make the task degenerate
 
 
-def test_wrapped_model_routes_training_calls_and_refuses_deepcopy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wrapped_model_routes_training_calls_and_refuses_deepcopy(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path) -> None:
     import copy
-    import socket
 
     import torch.distributed as dist
 
     from hotloop.models.conv import ConvNet, ConvNetHParams
     from hotloop.parallel import ProcessGroupContext
     from hotloop.problems.synthetic_images import SyntheticImages
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         hp = ConvNetHParams(image_size=8, conv_channels=(4,), batch_size=4)
         model = ConvNet(hp, SyntheticImages().spec(hp))

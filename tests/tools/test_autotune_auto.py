@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hotloop.engine import build as engine_build
+from hotloop.engine import step as engine_step
 from hotloop.engine.step import StepResult
 from hotloop.engine.strategy import Strategy
 from hotloop.registry import models
@@ -93,7 +93,7 @@ def test_max_time_caps_the_planned_run(tiny_model, copy_problem, tiny_hp):
 
 def test_parity_guard_rejects_a_candidate_that_changes_results(tiny_model, copy_problem, tiny_hp,
                                                                monkeypatch):
-    real = engine_build.compile_step
+    real = engine_step.compile_step
 
     def sabotaged(model, loss_fn, optimizer, strategy, **kwargs):
         step = real(model, loss_fn, optimizer, strategy, **kwargs)
@@ -106,7 +106,7 @@ def test_parity_guard_rejects_a_candidate_that_changes_results(tiny_model, copy_
             return StepResult(out.loss * 1.01, out.stats, None, None)
         return wrong
 
-    monkeypatch.setattr(engine_build, "compile_step", sabotaged)
+    monkeypatch.setattr(engine_step, "compile_step", sabotaged)
     bad = Proposal("wrong", {"sync_every": 7}, "test: deliberately wrong step", expected_gain=9.0)
     report = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=ROOMY, cache=False,
                   extra_proposals=[bad], **QUIET)
@@ -121,7 +121,7 @@ def test_parity_guard_rejects_a_bf16_candidate_that_never_updates(tiny_model, co
     """A bf16 step that skips backward and update: at a small learning rate its losses stay
     within the bf16 loss tolerance (the trial trajectory passes), so check_parity's update
     comparison is what rejects it."""
-    real = engine_build.compile_step
+    real = engine_step.compile_step
 
     def sabotaged(model, loss_fn, optimizer, strategy, **kwargs):
         step = real(model, loss_fn, optimizer, strategy, **kwargs)
@@ -134,7 +134,7 @@ def test_parity_guard_rejects_a_bf16_candidate_that_never_updates(tiny_model, co
             return StepResult(out.loss.float(), out.stats, None, None)
         return forward_only
 
-    monkeypatch.setattr(engine_build, "compile_step", sabotaged)
+    monkeypatch.setattr(engine_step, "compile_step", sabotaged)
     bad = Proposal("wrong bf16", {"precision": "bf16", "sync_every": 7}, "test: bf16 step without update",
                    expected_gain=9.0)
     slow_lr = tiny_hp.replace(learning_rate=5e-4)
