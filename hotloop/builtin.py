@@ -23,6 +23,7 @@ BUILTINS: dict[Registry, dict[str, str]] = {
         "image_mnist": "hotloop.problems.mnist:MnistDigits",
         "segment_shapes": "hotloop.problems.shapes_segmentation:ShapesSegmentation",
         "bert_pretrain_ptb": "hotloop.problems.bert_pretrain:BertPretrainPTB",
+        "bert_pretrain_multi30k": "hotloop.problems.bert_pretrain:BertPretrainMulti30k",
         "shapes_unpaired": "hotloop.problems.shapes_unpaired:UnpairedShapes",
         "detection_shapes": "hotloop.problems.detection_shapes:DetectionShapes",
     },

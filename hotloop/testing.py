@@ -71,6 +71,23 @@ CASES: dict[str, ModelCase] = {
     "lstm_lm": ModelCase(RANDOM_LM, "lstm_lm_small",
                          "batch_size=4,max_length=5,hidden_size=16,lstm_impl=unrolled,fused_ce=false",
                          "batch_size=20,max_length=20,hidden_size=200,lstm_impl=unrolled,fused_ce=false"),
+    "se_resnext50": ModelCase("image_mnist", "se_resnext_small",
+                              "batch_size=4,stage_blocks=1:1,stem_channels=8,stage_channels=16,cardinality=4",
+                              "batch_size=64"),
+    "deeplabv3plus": ModelCase("segment_shapes", "deeplabv3plus_small",
+                               "batch_size=2,image_size=32,stem_channels=8,backbone_width=8,backbone_channels=16,"
+                               "aspp_channels=16,low_level_channels=8,decoder_channels=8",
+                               "batch_size=16"),
+    "bert": ModelCase("bert_pretrain_ptb", "bert_tiny",
+                      "batch_size=4,hidden_size=16,num_heads=2,filter_size=32,num_layers=1,max_length=32", "batch_size=32"),
+    "cyclegan": ModelCase("shapes_unpaired", "cyclegan_small",
+                          "batch_size=2,image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,pool_size=2",
+                          "batch_size=4"),
+    "yolov3": ModelCase("detection_shapes", "yolov3_tiny", "batch_size=2", "batch_size=8"),
+    "mask_rcnn": ModelCase("detection_shapes", "mask_rcnn_tiny", "batch_size=2", "batch_size=4"),
+    "multimodel": ModelCase("algorithmic_copy,algorithmic_reverse", "multimodel_tiny",
+                            "batch_size=4,hidden_size=16,filter_size=32,num_layers=1,train_length=6",
+                            "batch_size=32"),
 }
 
 
@@ -104,7 +121,8 @@ def build_from_registry(model: str, problem: str, hp: HParams, steps: int, *, se
         spec = ProblemSpec(task="lm", input_vocab_size=lm_vocab, target_vocab_size=lm_vocab, streamed=True)
         batches = _random_lm_batches(hp, lm_vocab, steps, seed)
     else:
-        prob = problems.get(problem)()
+        from .train.build import problem_class
+        prob = problem_class(problem, models.get(model))()
         spec = prob.spec(hp)
         it = iter(prob.reader("train", hp, seed=seed))
         batches = [next(it) for _ in range(steps)]

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import threading
+from pathlib import Path
 
 import pytest
+
+# the raw-data root of every problem that reads raw files (ptb/, multi30k/), as the benchmarks use it
+os.environ.setdefault("HOTLOOP_RAW_ROOT", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
 @pytest.fixture

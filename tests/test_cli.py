@@ -1,6 +1,7 @@
 """The hotloop command: list, --import, train/eval round trip, and one-line errors for bad input."""
 from __future__ import annotations
 
+import json
 import textwrap
 import uuid
 from pathlib import Path
@@ -111,7 +112,13 @@ BAD_TRAIN = {
     "unknown strategy field": (["--strategy-override", "bogus=1"], ["bogus"]),
     "missing strategy file": (["--strategy", "nope.json"], ["nope.json"]),
     "unimportable module": (["--import", "no_such_module_hotloop_xyz"], ["no_such_module_hotloop_xyz"]),
-    "resume without checkpoint": (["--resume"], ["no checkpoint"]),
+    "unknown logger": (["--loggers", "jsonl,tensorbord"], ["unknown logger 'tensorbord'", "csv"]),
+    "precision conflicts with override": (["--precision", "bf16", "--strategy-override", "precision=fp32"],
+                                          ["--precision bf16", "precision=fp32"]),
+    "accum-steps conflicts with override": (["--accum-steps", "2", "--override", "accum_steps=3"],
+                                            ["--accum-steps 2", "accum_steps=3"]),
+    "accum-steps below one": (["--accum-steps", "0"], ["--accum-steps must be >= 1"]),
+    "missing config file": (["--config", "nope.yaml"], ["config file nope.yaml", "cannot read"]),
 }
 
 
@@ -235,3 +242,81 @@ def test_ctrl_c_saves_and_exits_with_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("hotloop: interrupted at step"), err
     assert "Traceback" not in err
     assert list((run_dir / "checkpoints").glob("step-*.ckpt"))
+
+
+BAD_CONFIG = {
+    "unknown key": ('{"max_stepz": 3}', ["unknown key 'max_stepz'", "known keys:", "max_steps"]),
+    "type error": ('{"max_steps": "3"}', ["'max_steps' must be integer", "'3'"]),
+    "bool for int": ('{"eval_every": true}', ["'eval_every' must be integer"]),
+    "not a mapping": ('[1, 2]', ["expected a mapping"]),
+    "bad json": ('{"max_steps": 3', ["not valid JSON"]),
+    "bad override inside": ('{"overrides": {"hiden_size": 3}}', ["unknown hparam 'hiden_size'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIG))
+def test_bad_config_file_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, case):
+    text, needles = BAD_CONFIG[case]
+    config = tmp_path / "run.json"
+    config.write_text(text)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "train", "--config", str(config))
+    assert_one_line_error(code, err, *needles)
+    assert list(tmp_path.iterdir()) == [config]
+
+
+def test_unreadable_config_file(capsys, tmp_path, monkeypatch):
+    folder = tmp_path / "conf.json"
+    folder.mkdir()
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    monkeypatch.chdir(tmp_path)
+    for path in (folder, binary):
+        code, _, err = run(capsys, "train", "--config", str(path))
+        assert_one_line_error(code, err, f"config file {path}", "cannot read")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin.json", "conf.json"]
+
+
+def test_resume_into_a_run_of_another_problem_or_model(capsys, tmp_path):
+    for key, value in (("problem", "algorithmic_copy"), ("model", "lstm_seq2seq")):
+        run_dir = tmp_path / key
+        run_dir.mkdir()
+        (run_dir / "run.json").write_text(json.dumps({"problem": "algorithmic_reverse", "model": "transformer",
+                                                      key: value}))
+        code, _, err = run(capsys, "train", "--output-dir", str(run_dir), "--resume")
+        assert_one_line_error(code, err, f"holds a run of {key} {value!r}", "--output-dir")
+        assert [p.name for p in run_dir.iterdir()] == ["run.json"]
+
+
+def test_run_json_reproduces_the_run_and_flags_win(capsys, tmp_path):
+    first = tmp_path / "a"
+    code, _, err = run(capsys, "train", "--override", TINY + ",dropout=0.1", "--output-dir", str(first),
+                       "--max-steps", "3", "--eval-every", "0", "--strategy", "default", "--accum-steps", "2",
+                       "--loggers", "csv")
+    assert code == 0, err
+    saved = json.loads((first / "run.json").read_text())
+    assert saved["loggers"] == "csv" and saved["max_steps"] == 3 and "accum_steps=2" in saved["overrides"]
+    again = tmp_path / "b"
+    code, out, err = run(capsys, "train", "--config", str(first / "run.json"), "--output-dir", str(again))
+    assert code == 0, err
+    assert "done: 3 steps" in out and (again / "csv" / "train.csv").is_file()
+    a = torch.load(first / "checkpoints" / "step-00000003.ckpt", weights_only=True)["model"]
+    b = torch.load(again / "checkpoints" / "step-00000003.ckpt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    code, out, err = run(capsys, "train", "--config", str(first / "run.json"), "--output-dir",
+                         str(tmp_path / "c"), "--max-steps", "2")
+    assert code == 0 and "done: 2 steps" in out, err
+
+
+def test_yaml_config_with_mappings(capsys, tmp_path):
+    pytest.importorskip("yaml")
+    overrides = ", ".join(f"{k}: {v}" for k, v in (item.split("=") for item in TINY.split(",")))
+    config = tmp_path / "run.yaml"
+    config.write_text(f"max_steps: 2\nloggers: [jsonl, csv]\nstrategy: default\n"
+                      f"strategy_overrides: {{sync_every: 1}}\noverrides: {{{overrides}}}\n"
+                      f"output_dir: {tmp_path / 'y'}\n")
+    code, out, err = run(capsys, "train", "--config", str(config))
+    assert code == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "y" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2]
+    assert (tmp_path / "y" / "csv" / "train.csv").is_file()

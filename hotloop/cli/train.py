@@ -256,8 +256,9 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
         code = int(getattr(exc, "exit_code", 130))
         saved = f"checkpoint {trainer.last_checkpoint}" if trainer.last_checkpoint else "no checkpoint"
         cause = f" ({exc})" if str(exc) and str(exc) != "SIGINT" else ""
-        print(f"hotloop: interrupted at step {trainer.step}{cause}; {saved} (continue with --resume)",
-              file=sys.stderr)
+        if trainer.dist.is_main:
+            print(f"hotloop: interrupted at step {trainer.step}{cause}; {saved} (continue with --resume)",
+                  file=sys.stderr)
     else:
         if trainer.dist.is_main:
             print_summary(result)

@@ -11,12 +11,18 @@ backends, 1e-5 relative with ``fast_math`` passes, 1e-4 relative for ``backend=i
 for CUDA ``fused`` optimizer kernels (1-ulp differences per update), and
 3e-2 relative for bf16 (autocast rounds every matmul input to 8 bits of mantissa).
 
-Update check (every non-bitwise comparison): the update ``final - initial`` of
-all parameters together must match the reference update within
-``update_tolerance`` in relative L2 norm, ``|d - d_ref| / |d_ref|``: 0.3 for
-bf16/fp16 (the tiny built-in cases measure 0.002 to 0.10 after 3 steps) and 0.05
-for fp32. A step that never updates the weights scores 1.0 and fails, however
-close its losses stay.
+Update check (every non-bitwise comparison): ``d = final - initial`` over all
+parameters is compared with the reference's ``d_ref`` in size and in direction.
+``|d| / |d_ref|`` must lie within ``1 ± scale`` and ``cos(d, d_ref)`` must reach
+``min_cosine`` (:func:`update_tolerance`: ±0.3 and 0.5 for bf16/fp16, ±0.1 and
+0.9 for fp32). A step that never updates the weights (size 0), or updates them
+by half, fails however close its losses stay. A step that moves them the wrong way
+fails too (low cosine). The norm of the difference, ``|d - d_ref| / |d_ref|``, is
+reported but not bounded. Adam's first updates are about ``±lr`` per entry, so
+under bf16 every gradient entry at noise level may flip its sign. Measured over 3
+steps on the tiny built-in cases, that puts the difference between 0.002 and 0.89.
+Over the same steps the sizes stay within 1 ± 0.011 and the cosines at or above 0.6
+(yolov3, whose bf16 losses already differ by 9%, is the exception at -0.06).
 """
 from __future__ import annotations
 
@@ -30,8 +36,8 @@ from ..hparams import HParams
 from ..problems.base import Batch
 from .strategy import Strategy
 
-__all__ = ["ParityCase", "ParityResult", "check_parity", "default_tolerance", "update_tolerance",
-           "update_error", "run_steps", "REFERENCE"]
+__all__ = ["ParityCase", "ParityResult", "UpdateComparison", "UpdateTolerance", "check_parity",
+           "compare_updates", "default_tolerance", "update_tolerance", "run_steps", "REFERENCE"]
 
 OptimizerFactory = Callable[[list[nn.Parameter], bool], torch.optim.Optimizer]
 
@@ -56,6 +62,31 @@ class ParityCase:
     state: Any = None
 
 
+@dataclass(frozen=True)
+class UpdateTolerance:
+    """``|d| / |d_ref|`` within ``1 ± scale`` and ``cos(d, d_ref) >= min_cosine``."""
+
+    scale: float
+    min_cosine: float
+
+
+@dataclass(frozen=True)
+class UpdateComparison:
+    """A strategy's parameter update ``d`` against the reference's ``d_ref`` (all parameters)."""
+
+    scale: float                      # |d| / |d_ref| (1 when both are 0, inf when only d_ref is)
+    cosine: float                     # cos(d, d_ref) (1 when both are 0, 0 when one of them is)
+    rel_diff: float                   # |d - d_ref| / |d_ref| (reported, not bounded)
+
+    def within(self, tol: UpdateTolerance) -> bool:
+        return abs(self.scale - 1.0) <= tol.scale and self.cosine >= tol.min_cosine
+
+    def describe(self, tol: UpdateTolerance) -> str:
+        verdict = "ok" if self.within(tol) else "wrong"
+        return (f"parameter update {verdict}: size |d|/|d_ref| {self.scale:.2f} (allowed 1 ± {tol.scale:g}), "
+                f"direction cos {self.cosine:.2f} (min {tol.min_cosine:g}), rel diff {self.rel_diff:.2e}")
+
+
 @dataclass
 class ParityResult:
     ok: bool
@@ -65,15 +96,15 @@ class ParityResult:
     tol: float                        # relative tolerance used (0 = bitwise)
     fallback_reason: str | None = None  # set when the strategy's step fell back to eager
     report: list[str] = field(default_factory=list)
-    update_diff: float | None = None  # |d - d_ref| / |d_ref| of the parameter updates (None: not compared)
-    update_tol: float = 0.0           # the bound on update_diff
+    update: UpdateComparison | None = None    # the parameter updates (None: not compared)
+    update_tol: UpdateTolerance | None = None
 
     def reason(self) -> str:
         """One line: what failed (or that it passed)."""
         if self.ok:
             return "ok"
-        if self.update_diff is not None and self.update_diff > self.update_tol:
-            return f"parameter update rel diff {self.update_diff:.2e} > {self.update_tol:.0e}"
+        if self.update is not None and self.update_tol is not None and not self.update.within(self.update_tol):
+            return self.update.describe(self.update_tol)
         return f"max diff {self.max_abs_diff:.2e} > tol {self.tol:.0e}"
 
 
@@ -90,22 +121,26 @@ def default_tolerance(strategy: Strategy, device: torch.device | str = "cpu") ->
     return 0.0
 
 
-def update_tolerance(strategy: Strategy) -> float:
-    """Relative L2 bound on the parameter update for a non-bitwise comparison (see module doc)."""
-    return 0.3 if strategy.precision != "fp32" else 0.05
+def update_tolerance(strategy: Strategy) -> UpdateTolerance:
+    """The update bounds of a non-bitwise comparison (see the module doc)."""
+    return UpdateTolerance(0.3, 0.5) if strategy.precision != "fp32" else UpdateTolerance(0.1, 0.9)
 
 
-def update_error(initial: Sequence[torch.Tensor], final: Sequence[torch.Tensor],
-                 initial_ref: Sequence[torch.Tensor], final_ref: Sequence[torch.Tensor]) -> float:
-    """``|d - d_ref| / |d_ref|`` over all parameters, ``d = final - initial`` (inf if only d_ref is 0)."""
-    num = den = 0.0
+def compare_updates(initial: Sequence[torch.Tensor], final: Sequence[torch.Tensor],
+                    initial_ref: Sequence[torch.Tensor], final_ref: Sequence[torch.Tensor]) -> UpdateComparison:
+    """Size, direction and relative difference of ``d = final - initial`` against ``d_ref``."""
+    dot = norm2 = norm2_ref = diff2 = 0.0
     for a0, a1, b0, b1 in zip(initial, final, initial_ref, final_ref):
         d, d_ref = a1.double() - a0.double(), b1.double() - b0.double()
-        num += float((d - d_ref).pow(2).sum())
-        den += float(d_ref.pow(2).sum())
-    if den == 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return (num / den) ** 0.5
+        dot += float((d * d_ref).sum())
+        norm2 += float(d.pow(2).sum())
+        norm2_ref += float(d_ref.pow(2).sum())
+        diff2 += float((d - d_ref).pow(2).sum())
+    if norm2_ref == 0.0:
+        return UpdateComparison(1.0, 1.0, 0.0) if norm2 == 0.0 else UpdateComparison(
+            float("inf"), 0.0, float("inf"))
+    cosine = dot / (norm2 * norm2_ref) ** 0.5 if norm2 > 0 else 0.0
+    return UpdateComparison((norm2 / norm2_ref) ** 0.5, cosine, (diff2 / norm2_ref) ** 0.5)
 
 
 def _as_case(built: Any) -> ParityCase:
@@ -146,16 +181,16 @@ def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 def check_parity(build: Callable[[], Any], strategy: Strategy, steps: int = 3,
                  tol: float | None = None, *, compare_params: bool | None = None,
-                 update_tol: float | None = None) -> ParityResult:
+                 update_tol: UpdateTolerance | None = None) -> ParityResult:
     """Train ``steps`` steps with eager fp32 and with ``strategy`` from two ``build()`` calls.
 
     ``ok`` when every loss (and, with ``compare_params``, every final parameter) agrees within
     ``tol`` relative (max(|ref|, 1) scaled); ``tol=0`` demands bitwise equality.
     Parameters are compared element by element by default only when ``tol == 0``: under Adam a
     rounding-level change in a near-zero gradient entry moves that parameter by up to ``lr``
-    (m/sqrt(v) normalises it). With ``tol > 0`` the whole update is compared instead, in norm,
-    within ``update_tol`` (default :func:`update_tolerance`), so a step that leaves the weights
-    unchanged (or moves them the wrong way) fails even when its losses stay close.
+    (m/sqrt(v) normalises it). With ``tol > 0`` the whole update is compared instead, in size
+    and direction, within ``update_tol`` (default :func:`update_tolerance`), so a step that
+    leaves the weights unchanged (or moves them the wrong way) fails even when its losses stay close.
     """
     ref_case = _as_case(build())
     device = next(ref_case.model.parameters()).device
@@ -173,10 +208,10 @@ def check_parity(build: Callable[[], Any], strategy: Strategy, steps: int = 3,
             a, r = _rel_diff(p, q)
             abs_max, rel_max = max(abs_max, a), max(rel_max, r)
     ok = rel_max <= tol if tol > 0 else abs_max == 0.0
-    update_diff = None
+    update = None
     if tol > 0:
-        update_diff = update_error(initial, params, initial_ref, params_ref)
-        ok = ok and update_diff <= update_tol
+        update = compare_updates(initial, params, initial_ref, params_ref)
+        ok = ok and update.within(update_tol)
     return ParityResult(ok, abs_max, losses_ref, losses, tol,
                         getattr(step, "fallback_reason", None), list(getattr(step, "report", [])),
-                        update_diff, update_tol if tol > 0 else 0.0)
+                        update, update_tol if tol > 0 else None)

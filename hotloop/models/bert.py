@@ -13,8 +13,9 @@ Batches (see :mod:`hotloop.problems.bert_pretrain`): ``inputs``,
 ``segment_ids`` ``[B, T]``; ``mlm_positions``, ``targets`` ``[B, P]`` (target 0 =
 no prediction); ``nsp_targets`` ``[B]``. ``forward`` returns the MLM logits
 ``[B, P, V]``; the loss is the mean MLM cross-entropy plus the mean NSP
-cross-entropy. Stats: MLM ``nll_sum``/``tokens``/``correct`` and
-``nsp_nll_sum``/``nsp_correct`` over ``examples``.
+cross-entropy (targets of -100 are ignored). Stats: MLM
+``nll_sum``/``tokens``/``correct`` and ``nsp_nll_sum``/``nsp_correct`` over
+``nsp_examples``.
 """
 from __future__ import annotations
 
@@ -146,12 +147,14 @@ class BERT(SequenceModel):
         mlm_loss, stats = token_stats(mlm_logits, batch["targets"], with_accuracy=with_accuracy,
                                       pad_id=self.spec.pad_id)
         stats.pop("seq_correct", None)
-        nsp_targets = batch["nsp_targets"]                                          # [B]
-        nsp_nll = F.cross_entropy(nsp_logits.float(), nsp_targets, reduction="sum")
+        nsp_targets = batch["nsp_targets"]                                          # [B], -100 = none
+        nsp_nll = F.cross_entropy(nsp_logits.float(), nsp_targets, ignore_index=-100, reduction="sum")
+        nsp_examples = (nsp_targets != -100).sum()
         stats["nsp_nll_sum"] = nsp_nll.detach()
+        stats["nsp_examples"] = nsp_examples
         if with_accuracy:
             stats["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_targets).sum()
-        loss = mlm_loss + nsp_nll / nsp_targets.shape[0]
+        loss = mlm_loss + nsp_nll / nsp_examples.clamp(min=1)
         return LossOutput(loss, stats, None, mlm_logits)
 
 

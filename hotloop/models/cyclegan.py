@@ -37,6 +37,8 @@ from .base import LossOutput, SequenceModel, count
 __all__ = ["CycleGAN", "CycleGANHParams", "ResnetGenerator", "PatchDiscriminator", "ImagePool",
            "translation_grid", "write_png", "cyclegan_256", "cyclegan_small"]
 
+_MAX_CACHED = 8   # generator-phase fakes kept for the discriminator phase (micro-batches)
+
 
 @dataclass(frozen=True)
 class CycleGANHParams(UnpairedShapesHParams):
@@ -153,7 +155,7 @@ class CycleGAN(SequenceModel):
         self.disc_b = PatchDiscriminator(c, hp.disc_filters, hp.disc_layers)
         shape = (c, hp.image_size, hp.image_size)
         self.pool_a, self.pool_b = ImagePool(hp.pool_size, shape), ImagePool(hp.pool_size, shape)
-        self._fakes: tuple[Tensor, Tensor] | None = None
+        self._fakes: list[tuple[Tensor, Tensor, Tensor]] = []   # (real A, fake A, fake B) per batch
         for m in self.modules():                                            # N(0, 0.02) as the paper's code
             if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
                 nn.init.normal_(m.weight, 0.0, 0.02)
@@ -185,19 +187,21 @@ class CycleGAN(SequenceModel):
             identity = F.l1_loss(self.a_to_b(real_b), real_b) + F.l1_loss(self.b_to_a(real_a), real_a)
             loss = loss + hp.lambda_cycle * hp.lambda_identity * identity
             stats["identity_sum"] = identity.detach() * n
-        self._fakes = (fake_a.detach(), fake_b.detach())
+        if self.training:   # for the discriminator phase of this batch (one per micro-batch)
+            self._fakes = self._fakes[-(_MAX_CACHED - 1):] + [(real_a, fake_a.detach(), fake_b.detach())]
         stats.update(nll_sum=loss.detach() * n, tokens=count(n, real_a), examples=count(n, real_a))
         return LossOutput(loss, stats, None, fake_b)
 
     def discriminator_loss(self, batch: Batch) -> LossOutput:
-        """LSGAN loss of both discriminators on real images and pooled fakes (from the latest
-        :meth:`generator_loss`, or made now when there is none)."""
+        """LSGAN loss of both discriminators on real images and pooled fakes (those the
+        generator phase made from this batch, or made now when there are none)."""
         real_a, real_b = batch["inputs"], batch["targets"]
-        if self._fakes is None or self._fakes[0].shape != real_a.shape:
+        cached = [i for i, entry in enumerate(self._fakes) if entry[0] is real_a]
+        if cached:
+            _, fake_a, fake_b = self._fakes.pop(cached[0])
+        else:
             with torch.no_grad():
-                self._fakes = (self.b_to_a(real_b), self.a_to_b(real_a))
-        fake_a, fake_b = self._fakes
-        self._fakes = None
+                fake_a, fake_b = self.b_to_a(real_b), self.a_to_b(real_a)
         fake_a, fake_b = self.pool_a.query(fake_a), self.pool_b.query(fake_b)
         loss_a = 0.5 * (self._lsgan(self.disc_a(real_a), True) + self._lsgan(self.disc_a(fake_a), False))
         loss_b = 0.5 * (self._lsgan(self.disc_b(real_b), True) + self._lsgan(self.disc_b(fake_b), False))

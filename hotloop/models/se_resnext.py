@@ -68,8 +68,9 @@ class SEResNeXt(SequenceModel):
 
 @hparams_sets.register("se_resnext50_imagenet")
 def se_resnext50_imagenet() -> SEResNeXtHParams:
-    """SE-ResNeXt-50 32x4d at 224 px, 1000 classes; momentum SGD 0.1 for batch 256, cosine decay
-    (the Paddle benchmark setting uses batch 32 per device with the same schedule)."""
+    """SE-ResNeXt-50 32x4d at 224 px, 1000 classes; momentum SGD, weight decay 1e-4, label
+    smoothing 0.1, cosine decay. The rate 0.1 is the usual one for batch 256: scale it with
+    ``batch_size`` (32 here, a single-device batch)."""
     return SEResNeXtHParams(image_channels=3, image_size=224, num_classes=1000, batch_size=32,
                             optimizer="momentum", momentum=0.9, learning_rate=0.1, weight_decay=1e-4,
                             lr_schedule="cosine", max_epochs=120, label_smoothing=0.1)

@@ -148,8 +148,9 @@ class YoloV3(SequenceModel):
         batch = self._maybe_rescale(batch)
         outputs, _ = self(batch)
         size = tuple(batch["images"].shape[-2:])
-        parts = yolo_loss(outputs, self.scales, batch["boxes"], batch["labels"], size, self.num_classes,
-                          self.yhp.ignore_threshold)
+        with torch.autocast(batch["images"].device.type, enabled=False):   # the loss in fp32 under bf16/fp16
+            parts = yolo_loss([o.float() for o in outputs], self.scales, batch["boxes"], batch["labels"], size,
+                              self.num_classes, self.yhp.ignore_threshold)
         examples = count(batch["images"].shape[0], batch["labels"])
         total_sum = (parts.objectness + parts.box + parts.classification).detach()
         stats = {"nll_sum": total_sum, "tokens": examples, "examples": examples,

@@ -1,4 +1,4 @@
-"""BERT pretraining (masked LM + next-sentence prediction) on Penn Treebank text.
+"""BERT pretraining (masked LM + next-sentence prediction) on Penn Treebank or Multi30k text.
 
 Datagen reads the PTB text files (MD5-verified, see :func:`~hotloop.problems.ptb.fetch_ptb`),
 maps PTB's ``<unk>`` to ``[UNK]``, trains a WordPiece vocabulary of
@@ -16,6 +16,10 @@ are predicted: 80% become ``[MASK]``, 10% a random piece, 10% stay. Batches:
 ``inputs``/``segment_ids`` int64 ``[B, T]``, ``mlm_positions``/``targets``
 int64 ``[B, P]`` (target 0 = no prediction) and ``nsp_targets`` int64 ``[B]``.
 Batch ``i`` of epoch ``e`` depends only on ``(seed, split, e, i)``.
+
+``bert_pretrain_multi30k`` does the same with the lower-cased English
+captions of Multi30k; captions do not continue one another, so its pairs are
+random and ``nsp_targets`` is ``NSP_IGNORE`` (-100: masked LM only).
 """
 from __future__ import annotations
 
@@ -34,14 +38,16 @@ from ..hparams import HParams, HParamsError
 from ..registry import problems
 from .algorithmic import IndexedReader
 from .base import Batch, ProblemSpec
+from .multi30k import MULTI30K_SHA256, SPLIT_FILES, _read_lines, fetch_multi30k
 from .prepared import PreparedProblem
 from .ptb import PTB_MD5, SPLITS, fetch_ptb
 
-__all__ = ["BertPretrainHParams", "BertPretrainPTB", "SPECIAL_TOKENS", "train_wordpiece",
-           "make_pair_example", "require_tokenizers"]
+__all__ = ["BertPretrainHParams", "BertPretrainProblem", "BertPretrainPTB", "BertPretrainMulti30k",
+           "SPECIAL_TOKENS", "NSP_IGNORE", "train_wordpiece", "make_pair_example", "require_tokenizers"]
 
 SPECIAL_TOKENS = ("[PAD]", "[SEP]", "[UNK]", "[CLS]", "[MASK]")
 PAD, SEP, UNK, CLS, MASK = range(len(SPECIAL_TOKENS))
+NSP_IGNORE = -100               # next-sentence target of pairs from unordered sentences
 VOCAB_SIZE = 8000
 DEFAULT_LENGTH = 128
 _SPLIT_SEED = {"train": 0, "valid": 1, "test": 2}
@@ -84,11 +90,14 @@ def _wordpiece_pieces(bpe_vocab: Iterable[str]) -> set[str]:
 def train_wordpiece(sentences: Iterable[str], vocab_size: int) -> Any:
     """A WordPiece ``tokenizers.Tokenizer`` with exactly ``vocab_size`` canonical ids.
 
-    The ``tokenizers`` BPE trainer learns the pieces on words marked with a word-start
-    symbol (its ``WordPieceTrainer`` assigns ids, and so breaks ties between equally
-    frequent merges, in hash order; this form is the same in every process); the
-    pieces become WordPiece pieces, sorted after the special tokens, and
-    ``[unused<i>]`` fills any remaining ids (as in BERT's vocabulary).
+    The library's own ``WordPieceTrainer`` numbers continuation pieces in hash
+    order, so equally frequent merges come out differently from run to run.
+    Instead its ``BpeTrainer`` learns the pieces on words that carry a word-start
+    marker (ids follow the sorted alphabet, so ties break the same way every
+    time); marked pieces become word-initial WordPiece pieces, the others ``##``
+    continuations, and every character keeps both forms. The pieces are sorted
+    after the special tokens and ``[unused<i>]`` fills any remaining ids (as in
+    BERT's vocabulary).
     """
     tk = require_tokenizers()
     text = [s.replace("[UNK]", " ") for s in sentences]
@@ -120,9 +129,13 @@ def _ptb_sentences(path: Path) -> list[str]:
         return [line.strip().replace("<unk>", "[UNK]") for line in handle]
 
 
-def make_pair_example(rng: np.random.Generator, sentences: RaggedArray, *, length: int,
-                      vocab_size: int, mlm_probability: float, max_predictions: int) -> dict[str, Any]:
-    """One masked ``[CLS] A [SEP] B [SEP]`` example (numpy arrays) drawn from ``rng``."""
+def make_pair_example(rng: np.random.Generator, sentences: RaggedArray, *, length: int, vocab_size: int,
+                      mlm_probability: float, max_predictions: int, ordered: bool = True) -> dict[str, Any]:
+    """One masked ``[CLS] A [SEP] B [SEP]`` example (numpy arrays) drawn from ``rng``.
+
+    ``ordered=False`` (sentences without document order): B always comes from a
+    random place and the next-sentence target is ``NSP_IGNORE``.
+    """
     n = len(sentences)
     budget = length - 3
     start = int(rng.integers(0, n - 1))
@@ -133,7 +146,7 @@ def make_pair_example(rng: np.random.Generator, sentences: RaggedArray, *, lengt
         a.append(sentences[index])
         a_len += len(a[-1])
         index += 1
-    not_next = bool(rng.random() < 0.5)
+    not_next = bool(rng.random() < 0.5) or not ordered
     if not_next:  # a random place outside A and where A continues
         index = int(rng.integers(0, n - 1))
         while start <= index <= start + len(a):
@@ -162,36 +175,44 @@ def make_pair_example(rng: np.random.Generator, sentences: RaggedArray, *, lengt
     random_ids = rng.integers(len(SPECIAL_TOKENS), vocab_size, size=count)
     ids[chosen] = np.where(action < 0.8, MASK, np.where(action < 0.9, random_ids, ids[chosen]))
     return {"inputs": ids, "segment_ids": segments, "mlm_positions": positions, "targets": targets,
-            "nsp_targets": np.int64(not_next)}
+            "nsp_targets": np.int64(not_next if ordered else NSP_IGNORE)}
 
 
 class _PairBatches:
     """``rng -> batch`` of masked sentence pairs (picklable, for data workers)."""
 
-    def __init__(self, sentences: RaggedArray, a: BertPretrainHParams, batch_size: int, length: int) -> None:
+    def __init__(self, sentences: RaggedArray, a: BertPretrainHParams, batch_size: int, length: int,
+                 ordered: bool) -> None:
         self.sentences, self.a, self.batch_size, self.length = sentences, a, batch_size, length
+        self.ordered = ordered
 
     def __call__(self, rng: np.random.Generator) -> Batch:
         rows = [make_pair_example(rng, self.sentences, length=self.length, vocab_size=VOCAB_SIZE,
                                   mlm_probability=self.a.mlm_probability,
-                                  max_predictions=self.a.max_predictions) for _ in range(self.batch_size)]
+                                  max_predictions=self.a.max_predictions, ordered=self.ordered)
+                for _ in range(self.batch_size)]
         return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
 
 
-@problems.register("bert_pretrain_ptb")
-class BertPretrainPTB(PreparedProblem):
-    """Masked-LM + next-sentence pretraining pairs from PTB sentences (WordPiece ids)."""
+class BertPretrainProblem(PreparedProblem):
+    """Masked-LM + next-sentence pairs from a text corpus's sentences (WordPiece ids).
+
+    Subclasses give ``_raw_text()`` (split -> sentences, ``[UNK]`` for unknown
+    words) and ``ordered`` (whether consecutive sentences continue each other).
+    """
 
     task: ClassVar[str] = "pretrain"
     eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
     default_hparams: ClassVar[str] = "bert_small"
-    config: ClassVar[dict[str, Any]] = {"format": "bert-ptb-wordpiece-v2", "md5": PTB_MD5,
-                                        "vocab_size": VOCAB_SIZE, "special_tokens": list(SPECIAL_TOKENS)}
+    ordered: ClassVar[bool] = True
 
     def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
-        super().__init__(data_dir or default_data_dir("bert_pretrain_ptb"), raw_dir or default_raw_dir("ptb"))
+        super().__init__(data_dir, raw_dir)
         self._sentences: dict[str, RaggedArray] = {}
         self._tokenizer: Any = None
+
+    def _raw_text(self) -> dict[str, list[str]]:
+        raise NotImplementedError
 
     @staticmethod
     def _hp(hp: HParams) -> BertPretrainHParams:
@@ -209,14 +230,13 @@ class BertPretrainPTB(PreparedProblem):
     def _generate(self) -> None:
         assert self.data_dir is not None and self.raw_dir is not None
         require_tokenizers()
-        paths = fetch_ptb(self.raw_dir)
-        text = {split: _ptb_sentences(paths[split]) for split in SPLITS}
+        text = self._raw_text()
         tokenizer = train_wordpiece(text["train"], VOCAB_SIZE)
         writer = ShardWriter(self.data_dir, self.name, self.config)
         counts = {}
         for split in SPLITS:
             ids = [e.ids for e in tokenizer.encode_batch(text[split])]
-            ids = [s for s in ids if s]                       # PTB has no empty lines; be safe
+            ids = [s for s in ids if s]                       # drop empty lines
             flat, offsets = ragged_to_arrays(ids, np.int32)
             writer.add_array(f"{split}.tokens.npy", flat)
             writer.add_array(f"{split}.offsets.npy", offsets)
@@ -253,8 +273,8 @@ class BertPretrainPTB(PreparedProblem):
         a = self._hp(hp)
         length = self.length(hp)
         if length < 8:
-            raise HParamsError(f"bert_pretrain_ptb: max_length={length} is too short for a sentence pair")
-        make_batch = _PairBatches(self.sentences(split), a, hp.batch_size, length)
+            raise HParamsError(f"{self.name}: max_length={length} is too short for a sentence pair")
+        make_batch = _PairBatches(self.sentences(split), a, hp.batch_size, length, self.ordered)
         examples = a.train_examples if split == "train" else a.eval_examples
         return IndexedReader(make_batch, max(1, examples // hp.batch_size),
                              seed=(a.seed + seed) * 3 + _SPLIT_SEED[split], workers=workers)
@@ -264,3 +284,40 @@ class BertPretrainPTB(PreparedProblem):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids if int(i) != PAD], skip_special_tokens=False)
+
+
+@problems.register("bert_pretrain_ptb")
+class BertPretrainPTB(BertPretrainProblem):
+    """PTB sentences in their original order (so "is next" pairs are real continuations)."""
+
+    config: ClassVar[dict[str, Any]] = {"format": "bert-ptb-wordpiece-v2", "md5": PTB_MD5,
+                                        "vocab_size": VOCAB_SIZE, "special_tokens": list(SPECIAL_TOKENS)}
+
+    def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
+        super().__init__(data_dir or default_data_dir("bert_pretrain_ptb"), raw_dir or default_raw_dir("ptb"))
+
+    def _raw_text(self) -> dict[str, list[str]]:
+        assert self.raw_dir is not None
+        paths = fetch_ptb(self.raw_dir)
+        return {split: _ptb_sentences(paths[split]) for split in SPLITS}
+
+
+@problems.register("bert_pretrain_multi30k")
+class BertPretrainMulti30k(BertPretrainProblem):
+    """The English side of Multi30k (lower-cased image captions). Captions do not continue
+    one another, so pairs are random and the next-sentence target is ignored (MLM only)."""
+
+    ordered: ClassVar[bool] = False
+
+    def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
+        super().__init__(data_dir or default_data_dir("bert_pretrain_multi30k"),
+                         raw_dir or default_raw_dir("multi30k"))
+
+    config: ClassVar[dict[str, Any]] = {"format": "bert-multi30k-en-wordpiece-v1", "sha256": MULTI30K_SHA256,
+                                        "vocab_size": VOCAB_SIZE, "special_tokens": list(SPECIAL_TOKENS)}
+
+    def _raw_text(self) -> dict[str, list[str]]:
+        assert self.raw_dir is not None
+        paths = fetch_multi30k(self.raw_dir)
+        return {split: [line.lower() for line in _read_lines(paths[f"{SPLIT_FILES[split]}.en.gz"])]
+                for split in SPLITS}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import ClassVar, Iterable, Sequence
 
 from ..errors import UserError
 from ..hparams import HParams

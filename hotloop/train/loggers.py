@@ -51,7 +51,8 @@ class ConsoleLogger(Callback):
 
     def on_event(self, event: Event, trainer: "Trainer", **info: Any) -> None:
         if event is Event.LOG:
-            self._print("train " + format_row(info["row"]))
+            row = {k: v for k, v in info["row"].items() if not (k == "nonfinite_steps" and v == 0)}
+            self._print("train " + format_row(row))
         elif event is Event.EVAL_END:
             self._print(f"{info['split']:5s} " + format_row({"step": trainer.step, **info["metrics"]}))
         elif event is Event.CHECKPOINT:

@@ -63,8 +63,16 @@ class StatsAccumulator:
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:
-    """loss = nll_sum / tokens, ppl = exp(loss), accuracy = correct / tokens,
-    seq_accuracy = seq_correct / examples (each only when its inputs exist)."""
+    """Metrics from summed statistics (each only when its inputs exist):
+
+    - ``loss = nll_sum / tokens``, ``ppl = exp(loss)``, ``accuracy = correct / tokens``,
+      ``seq_accuracy = seq_correct / examples``;
+    - ``<x>_loss = <x>_nll_sum / <x>_examples`` and ``<x>_accuracy = <x>_correct / <x>_examples``
+      (a secondary head, e.g. BERT's next-sentence ``nsp``);
+    - ``<x> = <x>_sum / examples`` for every other ``*_sum`` (per-example means: GAN, cycle, box losses);
+      a ``phase/`` prefix (later phases of a step program) divides by ``phase/examples``;
+    - ``miou``: the mean over present classes of ``inter_<c> / union_<c>``.
+    """
     out: dict[str, float] = {}
     tokens = sums.get("tokens", 0.0)
     if "nll_sum" in sums and tokens > 0:
@@ -74,6 +82,19 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
         out["accuracy"] = sums["correct"] / tokens
     if "seq_correct" in sums and sums.get("examples", 0.0) > 0:
         out["seq_accuracy"] = sums["seq_correct"] / sums["examples"]
+    for key, value in sums.items():
+        prefix, _, base = key.rpartition("/")
+        scope = f"{prefix}/" if prefix else ""
+        if base.endswith("_nll_sum") and sums.get(f"{scope}{base[:-8]}_examples", 0.0) > 0:
+            head = base[:-8]
+            out[f"{scope}{head}_loss"] = value / sums[f"{scope}{head}_examples"]
+            if f"{scope}{head}_correct" in sums:
+                out[f"{scope}{head}_accuracy"] = sums[f"{scope}{head}_correct"] / sums[f"{scope}{head}_examples"]
+        elif base.endswith("_sum") and base != "nll_sum" and sums.get(f"{scope}examples", 0.0) > 0:
+            out[key[:-4]] = value / sums[f"{scope}examples"]
+    present = [k[len("union_"):] for k in sums if k.startswith("union_") and sums[k] > 0]
+    if present:
+        out["miou"] = sum(sums[f"inter_{c}"] / sums[f"union_{c}"] for c in present) / len(present)
     for key in ("tokens", "examples"):
         if key in sums:
             out[key] = int(round(sums[key]))

@@ -44,45 +44,50 @@ class NonFiniteGuard:
         self.optimizer = optimizer
         self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)  # first bad step (local)
         self.skipped = 0                       # steps discarded so far (host, updated at reads)
-        self._grads_bad: Tensor | None = None  # [] bool, from the pre-step hook (skip)
-        self._saved: list[tuple[Tensor, Tensor]] = []
-        self._saved_state: dict[int, dict[str, Tensor]] = {}
+        self._grads_bad: Tensor | None = None  # [] bool, any update of this step not finite (skip)
+        self._pending: dict[int, tuple[Tensor, list[tuple[Tensor, Tensor]], dict[int, dict[str, Tensor]]]] = {}
         if policy == "skip":
-            if not hasattr(optimizer, "register_step_pre_hook"):
-                raise UserError(f"on_nonfinite=skip needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
-            optimizer.register_step_pre_hook(self._before_update)
-            optimizer.register_step_post_hook(self._after_update)
+            for opt in self._torch_optimizers(optimizer):
+                opt.register_step_pre_hook(self._before_update)
+                opt.register_step_post_hook(self._after_update)
+
+    @staticmethod
+    def _torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+        """The optimizer, or each phase's optimizer of a step program (``.optimizers``)."""
+        inner = getattr(optimizer, "optimizers", None)
+        found = list(inner.values()) if isinstance(inner, dict) else [optimizer]
+        if not all(hasattr(o, "register_step_pre_hook") for o in found):
+            raise UserError(f"on_nonfinite=skip needs torch.optim optimizers, got {type(optimizer).__name__}")
+        return found
 
     # ------------------------------------------------------------ skip hooks
-    def _params(self) -> list[Tensor]:
-        return [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-
     @torch.no_grad()
-    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        params = self._params()
+    def _before_update(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         if not params:
-            self._grads_bad = None
             return
         norms = torch._foreach_norm([p.grad for p in params])                   # one [] per tensor
-        self._grads_bad = ~torch.isfinite(torch.stack([n.float() for n in norms])).all()
-        self._saved = [(p, p.detach().clone()) for p in params]
-        self._saved_state = {id(p): {k: v.clone() for k, v in self.optimizer.state.get(p, {}).items()
-                                     if isinstance(v, Tensor)} for p in params}
+        bad = ~torch.isfinite(torch.stack([n.float() for n in norms])).all()   # [] bool
+        self._grads_bad = bad if self._grads_bad is None else self._grads_bad | bad
+        saved = [(p, p.detach().clone()) for p in params]
+        state = {id(p): {k: v.clone() for k, v in optimizer.state.get(p, {}).items() if isinstance(v, Tensor)}
+                 for p in params}
+        self._pending[id(optimizer)] = (bad, saved, state)
 
     @torch.no_grad()
-    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        bad = self._grads_bad
-        if bad is None:
+    def _after_update(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        pending = self._pending.pop(id(optimizer), None)
+        if pending is None:
             return
-        for param, before in self._saved:
+        bad, saved, saved_state = pending
+        for param, before in saved:
             param.copy_(torch.where(bad, before, param))
-            saved = self._saved_state.get(id(param), {})
-            for key, value in self.optimizer.state.get(param, {}).items():
+            old_state = saved_state.get(id(param), {})
+            for key, value in optimizer.state.get(param, {}).items():
                 if isinstance(value, Tensor):
-                    old = saved.get(key)
+                    old = old_state.get(key)
                     old = old if old is not None else torch.zeros_like(value)
                     value.copy_(torch.where(bad.to(value.device), old, value))
-        self._saved, self._saved_state = [], {}
 
     # -------------------------------------------------------------- per step
     @torch.no_grad()

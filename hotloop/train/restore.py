@@ -14,8 +14,8 @@ from torch import nn
 
 from ..hparams import HParams, hparams_from_dict
 from ..problems.base import Problem, ProblemSpec
-from ..registry import models, problems
-from .build import build_model
+from ..registry import models
+from .build import build_model, problem_class
 from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
 
 __all__ = ["TrainedRun", "find_checkpoint", "load_trained"]
@@ -64,13 +64,14 @@ def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_d
         raise CheckpointError(f"checkpoint {path} does not record its problem/model/hparams; "
                               f"it was not written by `hotloop train`")
     hp = hparams_from_dict(meta["hparams"])
-    problem = problems.get(run["problem"])(data_dir=data_dir or run.get("data_dir"),
-                                           raw_dir=raw_dir or run.get("raw_dir"))
+    model_cls = models.get(run["model"])
+    problem = problem_class(run["problem"], model_cls)(data_dir=data_dir or run.get("data_dir"),
+                                                       raw_dir=raw_dir or run.get("raw_dir"))
     if prepare:
         problem.prepare()
     spec = problem.spec(hp)
     device = torch.device(device)
-    model = build_model(models.get(run["model"]), hp, spec, device)
+    model = build_model(model_cls, hp, spec, device)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as exc:

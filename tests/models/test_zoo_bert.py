@@ -51,6 +51,22 @@ def test_forward_backward_shapes_and_stats():
     assert 0 <= int(out.stats["nsp_correct"]) <= 3 and float(out.stats["nsp_nll_sum"]) > 0
 
 
+def test_ignored_next_sentence_targets():
+    torch.manual_seed(0)
+    model = BERT(_tiny(), _spec(50))
+    batch = _batch(torch.Generator().manual_seed(0))
+    partial = model.loss(dict(batch, nsp_targets=torch.tensor([0, -100, 1])), with_accuracy=True)
+    full = model.loss(batch, with_accuracy=True)
+    _, nsp_logits = model.heads(batch)
+    nll = torch.nn.functional.cross_entropy(nsp_logits[[0, 2]], torch.tensor([0, 1]), reduction="sum")
+    torch.testing.assert_close(partial.stats["nsp_nll_sum"], nll)
+    assert int(partial.stats["nsp_examples"]) == 2 and int(full.stats["nsp_examples"]) == 3
+    none = model.loss(dict(batch, nsp_targets=torch.full((3,), -100)))
+    assert float(none.stats["nsp_nll_sum"]) == 0 and torch.isfinite(none.loss)
+    mlm_only = float(none.loss.detach())
+    assert mlm_only == pytest.approx(float(full.stats["nll_sum"]) / int(full.stats["tokens"]), rel=1e-5)
+
+
 def test_bert_base_has_110m_parameters():
     hp = bert_base()
     vocab, h, f, layers = 30522, 768, 3072, 12

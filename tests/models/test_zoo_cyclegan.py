@@ -65,6 +65,22 @@ def test_shapes_and_phase_gradients():
     assert all(p.grad is not None for p in groups["discriminator"])
 
 
+def test_discriminator_phase_scores_the_fakes_of_its_own_micro_batch():
+    torch.manual_seed(0)
+    model = CycleGAN(_tiny(pool_size=0), SPEC)
+    first, second = _batch(1), _batch(2)
+    with torch.no_grad():
+        fake_b = model.a_to_b(first["inputs"])
+        fake_a = model.b_to_a(first["targets"])
+        expected = sum(0.5 * (((disc(real) - 1) ** 2).mean() + (disc(fake) ** 2).mean())
+                       for disc, real, fake in ((model.disc_a, first["inputs"], fake_a),
+                                                (model.disc_b, first["targets"], fake_b)))
+    model.generator_loss(first)
+    model.generator_loss(second)                                   # two micro-batches, then D
+    torch.testing.assert_close(model.discriminator_loss(first).loss.detach(), expected)
+    assert [entry[0] is second["inputs"] for entry in model._fakes] == [True]
+
+
 def test_image_pool_keeps_history_and_swaps_half():
     torch.manual_seed(0)
     pool = ImagePool(3, (1, 1, 1))

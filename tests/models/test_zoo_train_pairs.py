@@ -31,7 +31,8 @@ def test_zoo_names_are_declared_builtins():
     declare_builtins()
     for name in ("se_resnext50", "deeplabv3plus", "bert", "cyclegan"):
         assert models.get(name).__module__.startswith("hotloop.models.")
-    for name in ("image_mnist", "segment_shapes", "bert_pretrain_ptb", "shapes_unpaired"):
+    for name in ("image_mnist", "segment_shapes", "bert_pretrain_ptb", "bert_pretrain_multi30k",
+                 "shapes_unpaired"):
         default = problems.get(name).default_hparams
         assert type(hparams_sets.get(default)()).__name__.endswith("HParams")
     for name in ("se_resnext50_imagenet", "deeplabv3plus_r50", "bert_base", "bert_tiny", "cyclegan_256"):

@@ -78,3 +78,19 @@ def test_trainer_writes_one_eval_row_per_problem(tmp_path):
         expected = evaluate_reader(trainer.model, tagged, device=torch.device("cpu"))
         assert last[split]["loss"] == pytest.approx(expected["loss"], rel=1e-6)
         assert last[split]["examples"] == expected["examples"] == 16
+
+
+def test_data_dir_is_a_root_with_one_folder_per_problem(tmp_path):
+    problem_cls, *_ = resolve_names("algorithmic_copy,ptb_lm", "multimodel", "multimodel_tiny")
+    problem = problem_cls(data_dir=tmp_path)
+    assert problem.subproblem("ptb_lm").data_dir == tmp_path / "ptb_lm"
+    assert problem.subproblem("algorithmic_copy").data_dir == tmp_path / "algorithmic_copy"
+
+
+def test_one_problem_run_reads_what_the_problem_reads_alone():
+    run = tiny_run(problems="algorithmic_copy")
+    mixed = list(run.problem.reader("train", run.hp, shuffle=True))
+    alone = list(problems.get("algorithmic_copy")().reader("train", run.hp, shuffle=True))
+    assert len(mixed) == len(alone) == 6
+    assert all(torch.equal(a["inputs"], b["inputs"]) and torch.equal(a["targets"], b["targets"])
+               and task_of(a) == "algorithmic_copy" for a, b in zip(mixed, alone))

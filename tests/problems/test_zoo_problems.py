@@ -11,8 +11,9 @@ import torch
 from hotloop.errors import UserError
 from hotloop.hparams import HParams
 from hotloop.problems import mnist
-from hotloop.problems.bert_pretrain import (CLS, MASK, SEP, SPECIAL_TOKENS, VOCAB_SIZE, BertPretrainHParams,
-                                            BertPretrainPTB, train_wordpiece)
+from hotloop.problems.bert_pretrain import (CLS, MASK, NSP_IGNORE, SEP, SPECIAL_TOKENS, VOCAB_SIZE,
+                                            BertPretrainHParams, BertPretrainMulti30k, BertPretrainPTB,
+                                            train_wordpiece)
 from hotloop.problems.mnist import MnistDigits, load_digits, split_indices
 from hotloop.problems.shapes_render import render_scene
 from hotloop.problems.shapes_segmentation import ShapesHParams, ShapesSegmentation, class_map
@@ -21,6 +22,7 @@ from hotloop.problems.synthetic_images import SyntheticImageHParams
 from hotloop.registry import problems
 
 RAW_PTB = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ptb"
+RAW_MULTI30K = RAW_PTB.parent / "multi30k"
 
 
 def _same(a, b):
@@ -249,6 +251,18 @@ def test_pretraining_reader_is_deterministic_and_resumes(bert_ptb):
     assert _same(next(iter(bert_ptb.reader("train", hp))), next(iter(bert_ptb.reader("train", hp))))
     assert _resumes(lambda: bert_ptb.reader("train", hp))
     assert bert_ptb.spec(hp).max_input_length == 32 and bert_ptb.spec(HParams()).max_input_length == 128
+
+
+@pytest.mark.skipif(not (RAW_MULTI30K / "train.en.gz").is_file(), reason=f"Multi30k not at {RAW_MULTI30K}")
+def test_multi30k_pairs_are_masked_lm_only(tmp_path):
+    problem = BertPretrainMulti30k(data_dir=tmp_path, raw_dir=RAW_MULTI30K)
+    assert {s: len(problem.sentences(s)) for s in ("train", "valid", "test")} == {
+        "train": 29_000, "valid": 1_014, "test": 1_000}
+    caption = problem.decode(problem.sentences("valid")[0])
+    assert caption == caption.lower() and len(caption.split()) > 3
+    batch = next(iter(problem.reader("valid", BertPretrainHParams(batch_size=8, max_length=48))))
+    assert (batch["nsp_targets"] == NSP_IGNORE).all()
+    assert batch["inputs"].shape == (8, 48) and ((batch["inputs"] == SEP).sum(1) == 2).all()
 
 
 def test_missing_tokenizers_names_the_extra(monkeypatch):

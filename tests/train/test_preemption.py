@@ -1,6 +1,7 @@
 """Preemption: SIGTERM at random moments, restart with --resume, same final weights (bitwise, CPU fp32)."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 
 TINY = ("hidden_size=16,filter_size=32,num_layers=1,num_heads=2,batch_size=8,train_examples=64,"
         "eval_examples=16,train_length=6,eval_length=6,warmup_steps=2,dropout=0.1")
-STEPS = 60
+STEPS = 200
 
 
 def _command(out: Path) -> list[str]:
@@ -32,8 +33,13 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
-def _rows(metrics: Path) -> int:
-    return len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+def _last_step(metrics: Path) -> int:
+    """The step of the last complete training row (0 before the first)."""
+    if not metrics.is_file():
+        return 0
+    lines = [line for line in metrics.read_text().splitlines() if line.endswith("}")]
+    steps = [json.loads(line)["step"] for line in lines if '"split": "train"' in line]
+    return steps[-1] if steps else 0
 
 
 def _final_state(out: Path) -> dict[str, torch.Tensor]:
@@ -51,19 +57,20 @@ def test_sigterm_five_times_then_resume_is_bitwise(tmp_path):
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     out = tmp_path / "preempted"
     metrics = out / "metrics.jsonl"
-    codes = []
-    for _ in range(5):
-        before = _rows(metrics)
+    # five kill points spread over the run: once a run has logged past its target step, it gets
+    # SIGTERM after a random delay (mid-step, mid-evaluation or mid-checkpoint)
+    targets = sorted(rng.sample(range(10, 150, 2), 5))
+    for target in targets:
+        start = _last_step(metrics)
         proc = subprocess.Popen(_command(out), cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
-        while _rows(metrics) <= before and proc.poll() is None:   # wait until this run trains
+        while (_last_step(metrics) < target or _last_step(metrics) <= start) and proc.poll() is None:
             assert time.monotonic() < deadline, "no training progress"
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.4))                           # then a random moment
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.05))
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
-        codes.append(proc.returncode)
         assert proc.returncode == 143, f"seed {seed}: exit {proc.returncode}: {err[-2000:]}"
         assert "interrupted at step" in err and "Traceback" not in err, err[-2000:]
     final = subprocess.run(_command(out), cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
@@ -87,3 +94,48 @@ def test_resume_without_a_checkpoint_starts_fresh(tmp_path, capsys):
     notices = [line for line in captured.out.splitlines() if line.startswith("resume:")]
     assert notices == [f"resume: no checkpoint in {out / 'checkpoints'} yet; starting from step 0"]
     assert (out / "checkpoints" / "step-00000002.ckpt").is_file()
+
+
+def _workers(launcher: int) -> dict[int, int]:
+    """rank -> pid of the torchrun workers under ``launcher`` (read from /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        if parent == launcher and b"RANK" in env and b"TORCHELASTIC_RUN_ID" in env:
+            found[int(env[b"RANK"])] = int(entry.name)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the workers through /proc")
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    out = tmp_path / "dp"
+    command = _command(out)[:-1] + ["--nproc", "2", "--max-steps", "100000"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        while _last_step(out / "metrics.jsonl") < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        workers = _workers(proc.pid)
+        assert sorted(workers) == [0, 1]
+        os.kill(workers[1], signal.SIGTERM)          # only rank 1 is told to stop
+        _, err = proc.communicate(timeout=120)        # a rank left waiting in a collective would hang here
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "interrupted at step" in err and "Traceback" not in err, err[-3000:]
+    steps = sorted(int(p.name[5:13]) for p in (out / "checkpoints").glob("step-*.ckpt"))
+    stopped_at = steps[-1]
+    assert stopped_at % 2 == 0        # taken at a sync point (sync_every=2), by both ranks together
+    assert _last_step(out / "metrics.jsonl") <= stopped_at

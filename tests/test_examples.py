@@ -1,0 +1,64 @@
+"""Every example under examples/ runs for a few steps (the guide's commands, shortened)."""
+from __future__ import annotations
+
+import csv
+import runpy
+from pathlib import Path
+
+import pytest
+
+from hotloop import cli
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _example(name: str) -> dict:
+    return runpy.run_path(str(EXAMPLES / name), run_name=f"example_{Path(name).stem}")
+
+
+def test_examples_are_all_covered():
+    covered = {"char_components.py", "write_char_data.py", "train_script.py", "train_from_dataset.py",
+               "char_caesar.yaml"}
+    assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == covered
+
+
+def test_write_char_data_makes_the_csv_files(tmp_path):
+    _example("write_char_data.py")["write_caesar_csv"](tmp_path, train=5, valid=2, shift=1)
+    with open(tmp_path / "train.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 5
+    assert all(len(r["source"]) == len(r["target"]) for r in rows)
+    assert all(chr((ord(a) - 97 + 1) % 26 + 97) == b for r in rows for a, b in zip(r["source"], r["target"]))
+
+
+def test_cli_with_import_and_with_the_config_file(capsys, tmp_path, monkeypatch):
+    data = _example("write_char_data.py")["write_caesar_csv"](tmp_path / "data", train=64, valid=16)
+    monkeypatch.chdir(REPO)   # the config names examples/char_components.py relative to the repository
+    code = cli.main(["train", "--import", "examples/char_components.py", "--problem", "char_caesar",
+                     "--model", "char_tagger", "--hparams", "char_tagger_small", "--data-dir", str(data),
+                     "--output-dir", str(tmp_path / "a"), "--max-steps", "4", "--strategy", "default"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "done: 4 steps" in out and "best checkpoint:" in out
+    code = cli.main(["eval", "--import", "examples/char_components.py", "--output-dir", str(tmp_path / "a")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "valid: loss=" in out, err
+    code = cli.main(["train", "--config", "examples/char_caesar.yaml", "--data-dir", str(data),
+                     "--output-dir", str(tmp_path / "b"), "--max-steps", "4"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "done: 4 steps" in out and (tmp_path / "b" / "csv" / "train.csv").is_file()
+
+
+def test_train_script(tmp_path, capsys):
+    metrics = _example("train_script.py")["main"](["--max-steps", "4", "--output-dir", str(tmp_path / "s")])
+    assert metrics["examples"] == 200 and 0.0 < metrics["loss"] < 10.0
+    assert (tmp_path / "s" / "checkpoints" / "step-00000004.ckpt").is_file()
+
+
+def test_train_from_dataset(capsys):
+    metrics = _example("train_from_dataset.py")["main"](["--max-steps", "4"])
+    assert metrics["examples"] == 200 and 0.0 < metrics["loss"] < 10.0
