@@ -27,7 +27,7 @@ from .engine.parity import ParityCase
 from .errors import UserError
 from .hparams import HParams, apply_overrides, get_hparams
 from .problems.base import Batch, ProblemSpec
-from .registry import models, problems
+from .registry import models
 
 __all__ = ["ModelCase", "MissingCaseError", "CASES", "RANDOM_LM", "SIZES", "model_case",
            "build_from_registry", "builtin_model_names", "models_without_case"]

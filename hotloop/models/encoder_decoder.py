@@ -24,21 +24,13 @@ from torch import Tensor, nn
 
 from ..hparams import HParams
 from ..problems.base import PAD_ID, Batch, ProblemSpec
+from ..problems.translation import Seq2SeqHParams
 from .base import ModelMismatchError, SequenceModel
 from .layers import OutputTop, TokenEmbedding, shift_right
 
 __all__ = ["EncoderDecoder", "Seq2SeqHParams", "DecodeState", "START_ID"]
 
 START_ID = 0  # the decoder's first input token (shift_right's fill value)
-
-
-@dataclass(frozen=True)
-class Seq2SeqHParams(HParams):
-    """Encoder-decoder fields on top of :class:`HParams`."""
-
-    tie_embeddings: bool = False     # output projection weight = target token embedding
-    shared_embeddings: bool = False  # source embedding = target embedding (needs one shared vocabulary)
-    batch_tokens: int = 0            # padded tokens per length-bucketed batch (per field); 0 = batch_size * 32
 
 
 @dataclass

@@ -12,11 +12,13 @@ from typing import Any, ClassVar, Iterator
 import numpy as np
 import torch
 
+from ..errors import UserError
 from ..hparams import HParams
 from ..registry import hparams_sets, problems
 from .base import EOS_ID, NUM_RESERVED, PAD_ID, Batch, Problem, ProblemSpec
 
-__all__ = ["AlgorithmicProblem", "AlgorithmicHParams", "IndexedReader"]
+__all__ = ["AlgorithmicProblem", "AlgorithmicHParams", "IndexedReader", "generated_reader", "SPLIT_SEEDS",
+           "UnknownSplitError"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,25 @@ class IndexedReader:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
+class UnknownSplitError(UserError, ValueError):
+    """A split name the problem does not have."""
+
+
+#: each split's stream of a generated problem (batch i of epoch e of split s: seed [3 * seed + s, e, i])
+SPLIT_SEEDS = {"train": 0, "valid": 1, "test": 2}
+
+
+def generated_reader(make_batch: Any, split: str, hp: HParams, *, train_examples: int, eval_examples: int,
+                     seed: int, workers: int = 0, problem: str = "") -> IndexedReader:
+    """The reader of a generated problem's ``split``: ``examples // batch_size`` batches of
+    ``make_batch(rng)``, each split from its own seeded stream (``seed`` = hparams seed + reader seed)."""
+    if split not in SPLIT_SEEDS:
+        raise UnknownSplitError(f"{problem or 'problem'}: unknown split {split!r}; use train, valid or test")
+    examples = train_examples if split == "train" else eval_examples
+    return IndexedReader(make_batch, max(1, examples // hp.batch_size), seed=seed * 3 + SPLIT_SEEDS[split],
+                         workers=workers)
+
+
 class _SequenceBatches:
     """``rng -> batch`` of one algorithmic problem (picklable, for data workers)."""
 
@@ -148,14 +169,10 @@ class AlgorithmicProblem(Problem):
     def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
                workers: int = 0) -> IndexedReader:
         a = self._hp(hp)
-        if split not in ("train", "valid", "test"):
-            raise ValueError(f"unknown split {split!r}; use train, valid or test")
         max_len = a.train_length if split == "train" else a.eval_length
-        examples = a.train_examples if split == "train" else a.eval_examples
-        split_seed = {"train": 0, "valid": 1, "test": 2}[split]
-        make_batch = _SequenceBatches(self, a, hp.batch_size, max_len)
-        num_batches = max(1, examples // hp.batch_size)
-        return IndexedReader(make_batch, num_batches, seed=(a.seed + seed) * 3 + split_seed, workers=workers)
+        return generated_reader(_SequenceBatches(self, a, hp.batch_size, max_len), split, hp,
+                                train_examples=a.train_examples, eval_examples=a.eval_examples,
+                                seed=a.seed + seed, workers=workers, problem=self.name)
 
     def decode(self, ids: Any) -> str:
         return " ".join(str(int(i) - NUM_RESERVED) for i in ids if int(i) >= NUM_RESERVED)

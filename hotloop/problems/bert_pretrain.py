@@ -36,7 +36,7 @@ from ..data.shards import RaggedArray, ShardWriter, open_array, ragged_to_arrays
 from ..errors import UserError
 from ..hparams import HParams, HParamsError
 from ..registry import problems
-from .algorithmic import IndexedReader
+from .algorithmic import SPLIT_SEEDS, IndexedReader, generated_reader
 from .base import Batch, ProblemSpec
 from .multi30k import MULTI30K_SHA256, SPLIT_FILES, _read_lines, fetch_multi30k
 from .prepared import PreparedProblem
@@ -50,7 +50,6 @@ PAD, SEP, UNK, CLS, MASK = range(len(SPECIAL_TOKENS))
 NSP_IGNORE = -100               # next-sentence target of pairs from unordered sentences
 VOCAB_SIZE = 8000
 DEFAULT_LENGTH = 128
-_SPLIT_SEED = {"train": 0, "valid": 1, "test": 2}
 _WORD_START = "\u2581"
 
 
@@ -249,7 +248,7 @@ class BertPretrainProblem(PreparedProblem):
 
     def sentences(self, split: str) -> RaggedArray:
         """The WordPiece ids of every sentence of ``split``."""
-        if split not in _SPLIT_SEED:
+        if split not in SPLIT_SEEDS:
             raise ValueError(f"unknown split {split!r}; use train, valid or test")
         if split not in self._sentences:
             manifest = self._ensure_prepared()
@@ -275,9 +274,9 @@ class BertPretrainProblem(PreparedProblem):
         if length < 8:
             raise HParamsError(f"{self.name}: max_length={length} is too short for a sentence pair")
         make_batch = _PairBatches(self.sentences(split), a, hp.batch_size, length, self.ordered)
-        examples = a.train_examples if split == "train" else a.eval_examples
-        return IndexedReader(make_batch, max(1, examples // hp.batch_size),
-                             seed=(a.seed + seed) * 3 + _SPLIT_SEED[split], workers=workers)
+        return generated_reader(make_batch, split, hp, train_examples=a.train_examples,
+                                eval_examples=a.eval_examples, seed=a.seed + seed, workers=workers,
+                                problem=self.name)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text.replace("<unk>", "[UNK]")).ids)

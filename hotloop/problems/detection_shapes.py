@@ -25,7 +25,7 @@ import torch
 from ..errors import UserError
 from ..hparams import HParams
 from ..registry import problems
-from .algorithmic import IndexedReader
+from .algorithmic import IndexedReader, generated_reader
 from .base import Batch, Problem, ProblemSpec
 from .shapes_render import SHAPE_NAMES, Scene, masks_to_boxes, render_scene
 
@@ -176,12 +176,9 @@ class DetectionShapes(Problem):
     def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
                workers: int = 0) -> IndexedReader:
         a = self._hp(hp)
-        if split not in ("train", "valid", "test"):
-            raise UserError(f"detection_shapes: unknown split {split!r}; use train, valid or test")
-        examples = a.train_examples if split == "train" else a.eval_examples
-        split_seed = {"train": 0, "valid": 1, "test": 2}[split]
-        return IndexedReader(SceneBatches(a, hp.batch_size), max(1, examples // hp.batch_size),
-                             seed=(a.seed + seed) * 3 + split_seed, workers=workers)
+        return generated_reader(SceneBatches(a, hp.batch_size), split, hp, train_examples=a.train_examples,
+                                eval_examples=a.eval_examples, seed=a.seed + seed, workers=workers,
+                                problem=self.name)
 
     def decode(self, ids: Any) -> str:
         names = SHAPE_NAMES

@@ -1,12 +1,9 @@
 """Multi30k task 1 German -> English translation (WMT16 multimodal, text only).
 
 Raw files ``{train,val,test_2016_flickr}.{de,en}.gz`` (29,000 / 1,014 /
-1,000 pairs) are verified by sha256 and downloaded when absent. Datagen
-trains a shared SentencePiece BPE vocabulary on the training text (ids 0 =
-pad, 1 = EOS, 2 = unk), appends EOS to every sentence and writes each split
-as ragged shards. Training batches are length-bucketed with a token budget
-(T2T style) after a seeded per-epoch shuffle; eval batches are bucketed
-without shuffling.
+1,000 pairs) are verified by sha256 and downloaded when absent. Datagen,
+vocabulary (ids 0 = pad, 1 = EOS, 2 = unk) and readers are
+:class:`~hotloop.problems.translation.SubwordTranslation`'s.
 """
 from __future__ import annotations
 
@@ -14,20 +11,12 @@ import gzip
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
-from ..data.datagen import write_ragged_split
 from ..data.download import default_data_dir, default_raw_dir, download, verify_file
 from ..data.errors import DataError
-from ..data.reader import Reader
-from ..data.shards import ShardWriter
-from ..data.sources import from_shards
-from ..hparams import HParams
-from ..models.encoder_decoder import Seq2SeqHParams
 from ..registry import hparams_sets, problems
-from .base import ProblemSpec
-from .prepared import PreparedProblem
-from .text_encoders import SubwordEncoder
+from .translation import Seq2SeqHParams, SubwordTranslation
 
 __all__ = ["Multi30kDeEn", "Multi30kHParams", "transformer_multi30k", "MULTI30K_SHA256",
            "MULTI30K_PAIRS", "MULTI30K_URL", "fetch_multi30k"]
@@ -87,78 +76,28 @@ def _read_lines(path: Path) -> list[str]:
 
 
 @problems.register("translate_multi30k_de_en")
-class Multi30kDeEn(PreparedProblem):
+class Multi30kDeEn(SubwordTranslation):
     """German -> English; batches ``{"inputs": [B, S], "targets": [B, T]}`` int64, 0-padded."""
 
-    task: ClassVar[str] = "seq2seq"
-    eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
     default_hparams: ClassVar[str] = "transformer_multi30k"
+    vocab_size: ClassVar[int] = VOCAB_SIZE
+    default_max_length: ClassVar[int] = DEFAULT_MAX_LENGTH
     config: ClassVar[dict[str, Any]] = {"format": "multi30k-spm-bpe-v1", "sha256": MULTI30K_SHA256,
                                         "vocab_size": VOCAB_SIZE, "shared_vocab": True}
 
     def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
         super().__init__(data_dir or default_data_dir("translate_multi30k_de_en"),
                          raw_dir or default_raw_dir("multi30k"))
-        self._encoder: SubwordEncoder | None = None
-
-    def spec(self, hp: HParams) -> ProblemSpec:
-        length = hp.max_length or DEFAULT_MAX_LENGTH
-        return ProblemSpec(task="seq2seq", input_vocab_size=VOCAB_SIZE, target_vocab_size=VOCAB_SIZE,
-                           max_input_length=length, max_target_length=length)
 
     def _generate(self) -> None:
         """Verify/download the raw files, train the subword vocabulary, write the shards."""
-        assert self.data_dir is not None and self.raw_dir is not None
-        paths = fetch_multi30k(self.raw_dir)
-        text: dict[str, dict[str, list[str]]] = {}
-        for split, stem in SPLIT_FILES.items():
-            de, en = _read_lines(paths[f"{stem}.de.gz"]), _read_lines(paths[f"{stem}.en.gz"])
+        text = {split: self.split_text(split) for split in SPLIT_FILES}
+        for split, fields in text.items():
+            de, en = fields["inputs"], fields["targets"]
             if len(de) != len(en) or len(de) != MULTI30K_PAIRS[split]:
-                raise DataError(f"{self.raw_dir}/{stem}.{{de,en}}.gz: {len(de)} / {len(en)} lines, "
+                raise DataError(f"{self.raw_dir}/{SPLIT_FILES[split]}.{{de,en}}.gz: {len(de)} / {len(en)} lines, "
                                 f"expected {MULTI30K_PAIRS[split]} pairs")
-            text[split] = {"inputs": de, "targets": en}
-        encoder = SubwordEncoder.train(text["train"]["inputs"] + text["train"]["targets"], VOCAB_SIZE)
-        writer = ShardWriter(self.data_dir, self.name, self.config)
-        encoder.save(self.data_dir / "subwords.model")
-        writer.add_file("subwords.model")
-        splits = {split: write_ragged_split(writer, split, {field: encoder.encode_many(lines)
-                                                            for field, lines in fields.items()})
-                  for split, fields in text.items()}
-        writer.finish({"vocab_size": encoder.vocab_size, "splits": splits})
-        self._encoder = encoder
-
-    @property
-    def encoder(self) -> SubwordEncoder:
-        if self._encoder is None:
-            self._ensure_prepared()
-            assert self.data_dir is not None
-            self._encoder = SubwordEncoder.load(self.data_dir / "subwords.model")
-        return self._encoder
-
-    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
-               workers: int = 0, max_tokens: int | None = None) -> Reader:
-        """Bucketed token-budget batches; training shuffles (seeded per epoch) and drops over-long pairs.
-
-        The sentences are already encoded in the shards, so there is no per-batch work for ``workers``.
-        """
-        if split not in SPLIT_FILES:
-            raise ValueError(f"unknown split {split!r}; use train, valid or test")
-        manifest = self._ensure_prepared()
-        source = from_shards(self.data_dir, split)
-        shuffle = split == "train" if shuffle is None else shuffle
-        max_length = hp.max_length or DEFAULT_MAX_LENGTH
-        longest = max(manifest["meta"]["splits"][split]["max_length"].values())
-        if split != "train" and longest > max_length:
-            raise DataError(f"{split} has a {longest}-token sentence, longer than max_length={max_length}; "
-                            "raise hp.max_length (eval never drops examples)")
-        # hparams that are not Seq2SeqHParams (Multi30kHParams is one) carry no token budget: batch_size * 32
-        batch_tokens = hp.batch_tokens if isinstance(hp, Seq2SeqHParams) else 0
-        budget = max_tokens or batch_tokens or hp.batch_size * 32
-        chain: Reader = source.shuffle(len(source), seed=hp.seed + seed) if shuffle else source
-        return chain.bucket(max(budget, max_length), max_length=max_length)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.encoder.decode(ids)
+        self.write_shards(text)
 
     def split_text(self, split: str) -> dict[str, list[str]]:
         """The raw (detokenized) text of ``split``: ``{"inputs": German, "targets": English}``,

@@ -17,13 +17,12 @@ import torch
 
 from ..hparams import HParams, HParamsError
 from ..registry import problems
-from .algorithmic import IndexedReader
+from .algorithmic import IndexedReader, generated_reader
 from .base import Batch, Problem, ProblemSpec
 from .shapes_render import SHAPE_NAMES, Scene, render_scene
 
 __all__ = ["ShapesHParams", "ShapesSegmentation", "class_map"]
 
-_SPLIT_SEED = {"train": 0, "valid": 1, "test": 2}
 
 
 @dataclass(frozen=True)
@@ -88,11 +87,9 @@ class ShapesSegmentation(Problem):
     def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
                workers: int = 0) -> IndexedReader:
         a = self._hp(hp)
-        if split not in _SPLIT_SEED:
-            raise ValueError(f"unknown split {split!r}; use train, valid or test")
-        examples = a.train_examples if split == "train" else a.eval_examples
-        return IndexedReader(_SceneBatches(a, hp.batch_size), max(1, examples // hp.batch_size),
-                             seed=(a.seed + seed) * 3 + _SPLIT_SEED[split], workers=workers)
+        return generated_reader(_SceneBatches(a, hp.batch_size), split, hp, train_examples=a.train_examples,
+                                eval_examples=a.eval_examples, seed=a.seed + seed, workers=workers,
+                                problem=self.name)
 
     def decode(self, ids: Any) -> str:
         names = ("background",) + SHAPE_NAMES

@@ -21,7 +21,7 @@ import torch
 
 from ..hparams import HParams, HParamsError
 from ..registry import problems
-from .algorithmic import IndexedReader
+from .algorithmic import IndexedReader, generated_reader
 from .base import Batch, Problem, ProblemSpec
 from .shapes_render import SHAPE_NAMES, Scene, render_scene
 
@@ -31,7 +31,6 @@ PALETTE = np.array([[0.9, 0.1, 0.1], [0.1, 0.75, 0.1], [0.1, 0.2, 0.9], [0.9, 0.
                    dtype=np.float32)                     # one RGB colour per shape class
 _LIGHT_BACKGROUND = 0.85
 _NOISE_STD = 0.04
-_SPLIT_SEED = {"train": 0, "valid": 1, "test": 2}
 
 
 @dataclass(frozen=True)
@@ -98,11 +97,9 @@ class UnpairedShapes(Problem):
     def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
                workers: int = 0) -> IndexedReader:
         a = self._hp(hp)
-        if split not in _SPLIT_SEED:
-            raise ValueError(f"unknown split {split!r}; use train, valid or test")
-        examples = a.train_examples if split == "train" else a.eval_examples
-        return IndexedReader(_UnpairedBatches(a, hp.batch_size), max(1, examples // hp.batch_size),
-                             seed=(a.seed + seed) * 3 + _SPLIT_SEED[split], workers=workers)
+        return generated_reader(_UnpairedBatches(a, hp.batch_size), split, hp, train_examples=a.train_examples,
+                                eval_examples=a.eval_examples, seed=a.seed + seed, workers=workers,
+                                problem=self.name)
 
     def decode(self, ids: Any) -> str:
         return " ".join(str(int(i)) for i in ids)

@@ -17,7 +17,7 @@ import torch
 
 from ..hparams import HParams
 from ..registry import problems
-from .algorithmic import IndexedReader
+from .algorithmic import IndexedReader, generated_reader
 from .base import Batch, Problem, ProblemSpec
 
 __all__ = ["SyntheticImageHParams", "SyntheticImages", "teacher_labels", "TEACHER_GRID"]
@@ -86,13 +86,10 @@ class SyntheticImages(Problem):
     def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
                workers: int = 0) -> IndexedReader:
         a = self._hp(hp)
-        if split not in ("train", "valid", "test"):
-            raise ValueError(f"unknown split {split!r}; use train, valid or test")
         make_batch = _TeacherBatches(_teacher(a), (hp.batch_size, a.image_channels, a.image_size, a.image_size))
-        examples = a.train_examples if split == "train" else a.eval_examples
-        split_seed = {"train": 0, "valid": 1, "test": 2}[split]
-        return IndexedReader(make_batch, max(1, examples // hp.batch_size),
-                             seed=(a.seed + seed) * 3 + split_seed, workers=workers)
+        return generated_reader(make_batch, split, hp, train_examples=a.train_examples,
+                                eval_examples=a.eval_examples, seed=a.seed + seed, workers=workers,
+                                problem=self.name)
 
     def decode(self, ids: Any) -> str:
         return " ".join(str(int(i)) for i in ids)

@@ -20,20 +20,12 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
-from ..data.datagen import write_ragged_split
 from ..data.download import default_data_dir, default_raw_dir, download, extract_members, file_digest, verify_file
 from ..data.errors import DataError
-from ..data.reader import Reader
-from ..data.shards import ShardWriter
-from ..data.sources import from_shards
-from ..hparams import HParams
-from ..models.encoder_decoder import Seq2SeqHParams
 from ..registry import problems
-from .base import ProblemSpec
-from .prepared import PreparedProblem
-from .text_encoders import SubwordEncoder
+from .translation import SubwordTranslation
 
 __all__ = ["RawFile", "WMT_RAW_FILES", "WMT_EVAL_SETS", "TranslateWmtEnDe", "fetch_raw_files", "read_sgm"]
 
@@ -96,29 +88,22 @@ def _read_plain(path: Path) -> list[str]:
 
 
 @problems.register("translate_wmt_en_de_nc")
-class TranslateWmtEnDe(PreparedProblem):
+class TranslateWmtEnDe(SubwordTranslation):
     """English -> German; batches ``{"inputs": [B, S], "targets": [B, T]}`` int64, 0-padded."""
 
-    task: ClassVar[str] = "seq2seq"
-    eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
     default_hparams: ClassVar[str] = "transformer_base"
     raw_files: ClassVar[dict[str, RawFile]] = WMT_RAW_FILES
     vocab_size: ClassVar[int] = 32_000
+    default_max_length: ClassVar[int] = DEFAULT_MAX_LENGTH
     train_file: ClassVar[str] = "news-commentary-v14.de-en.tsv.gz"
 
     def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
         super().__init__(data_dir or default_data_dir("translate_wmt_en_de_nc"), raw_dir or default_raw_dir("wmt"))
-        self._encoder: SubwordEncoder | None = None
 
     @property
     def config(self) -> dict[str, Any]:  # type: ignore[override]
         return {"format": "wmt-en-de-spm-bpe-v1", "vocab_size": self.vocab_size, "shared_vocab": True,
                 "sha256": {name: f.sha256 for name, f in self.raw_files.items()}}
-
-    def spec(self, hp: HParams) -> ProblemSpec:
-        length = hp.max_length or DEFAULT_MAX_LENGTH
-        return ProblemSpec(task="seq2seq", input_vocab_size=self.vocab_size, target_vocab_size=self.vocab_size,
-                           max_input_length=length, max_target_length=length)
 
     def split_text(self, split: str) -> dict[str, list[str]]:
         """Raw text of ``split``: ``{"inputs": English, "targets": German}``, one line per pair."""
@@ -148,44 +133,4 @@ class TranslateWmtEnDe(PreparedProblem):
 
     def _generate(self) -> None:
         """Download/verify, train the shared subword vocabulary on the training text, write the shards."""
-        assert self.data_dir is not None
-        text = {split: self.split_text(split) for split in ("train", "valid", "test")}
-        train = text["train"]
-        encoder = SubwordEncoder.train(train["inputs"] + train["targets"], self.vocab_size)
-        writer = ShardWriter(self.data_dir, self.name, self.config)
-        encoder.save(self.data_dir / "subwords.model")
-        writer.add_file("subwords.model")
-        splits = {split: write_ragged_split(writer, split, {field: encoder.encode_many(lines)
-                                                            for field, lines in fields.items()})
-                  for split, fields in text.items()}
-        writer.finish({"vocab_size": encoder.vocab_size, "splits": splits})
-        self._encoder = encoder
-
-    @property
-    def encoder(self) -> SubwordEncoder:
-        if self._encoder is None:
-            self._ensure_prepared()
-            assert self.data_dir is not None
-            self._encoder = SubwordEncoder.load(self.data_dir / "subwords.model")
-        return self._encoder
-
-    def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
-               max_tokens: int | None = None) -> Reader:
-        """Token-budget batches bucketed by length; training shuffles (seeded per epoch) and drops
-        pairs longer than ``max_length``; valid/test keep every pair (an over-long one is an error)."""
-        if split not in ("train", "valid", "test"):
-            raise ValueError(f"unknown split {split!r}; use train, valid or test")
-        manifest = self._ensure_prepared()
-        source = from_shards(self.data_dir, split)
-        shuffle = split == "train" if shuffle is None else shuffle
-        max_length = hp.max_length or DEFAULT_MAX_LENGTH
-        longest = max(manifest["meta"]["splits"][split]["max_length"].values())
-        if split != "train" and longest > max_length:
-            raise DataError(f"{split} has a {longest}-token sentence, longer than max_length={max_length}; "
-                            "raise hp.max_length (eval never drops examples)")
-        budget = max_tokens or (hp.batch_tokens if isinstance(hp, Seq2SeqHParams) else 0) or hp.batch_size * 32
-        chain: Reader = source.shuffle(len(source), seed=hp.seed + seed) if shuffle else source
-        return chain.bucket(max(budget, max_length), max_length=max_length)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.encoder.decode(ids)
+        self.write_shards({split: self.split_text(split) for split in ("train", "valid", "test")})

@@ -25,11 +25,11 @@ GRAPH_BF16 = Strategy(backend="graph", graph_passes=True, precision="bf16")
 GRAPH_BF16_MODELS = ("mlp", "conv_net")
 
 
-#: models whose bf16 step is not held to the update check here: three random-weight steps of these
-#: (summed objectness over every cell, GAN losses, per-pixel CE of a narrow net) move the Adam update by
-#: more than its 0.3 bound; their bf16 quality is compared over a run by benchmarks/zoo.py instead
-BF16_UNCHECKED = {"yolov3": "objectness summed over all cells", "cyclegan": "adversarial losses",
-                  "deeplabv3plus": "per-pixel loss of a narrow net", "mask_rcnn": "sampled RoIs"}
+#: models whose bf16 step is not checked here: in three random-weight steps of yolov3 (objectness
+#: summed over every cell) bf16 moves the losses by 9% and turns the Adam update's direction
+#: (cosine -0.06 with eager's); its bf16 quality is compared over a run by benchmarks/zoo.py instead.
+#: cyclegan, deeplabv3plus and mask_rcnn are checked: update size within 1.011, cosine >= 0.61
+BF16_UNCHECKED = {"yolov3": "objectness summed over all cells"}
 
 #: models whose graph capture is known to fall back, and the reason's key phrase
 KNOWN_FALLBACKS = {"lstm_seq2seq": "mkldnn_rnn_layer",
