@@ -320,3 +320,14 @@ def test_yaml_config_with_mappings(capsys, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "y" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2]
     assert (tmp_path / "y" / "csv" / "train.csv").is_file()
+
+
+def test_nonfinite_policies_from_the_command_line(capsys, tmp_path):
+    # a huge learning rate: step 1 has finite gradients, then the loss overflows
+    args = ("train", "--override", TINY + ",warmup_steps=0,learning_rate=1e30", "--max-steps", "6",
+            "--strategy", "default", "--strategy-override", "sync_every=2", "--loggers", "none")
+    code, _, err = run(capsys, *args, "--output-dir", str(tmp_path / "stop"))
+    assert_one_line_error(code, err, "non-finite loss or gradient at step 2", "steps 1-2", "--on-nonfinite skip")
+    code, out, err = run(capsys, *args, "--output-dir", str(tmp_path / "skip"), "--on-nonfinite", "skip")
+    assert code == 0, err
+    assert "skipped 5 non-finite step(s)" in out and "done: 6 steps" in out
