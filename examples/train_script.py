@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import char_components  # noqa: E402,F401 - registers char_caesar, char_tagger, char_tagger_small
+import char_components  # noqa: E402,F401  # registers char_caesar, char_tagger, char_tagger_small
 from write_char_data import write_caesar_csv  # noqa: E402
 
 from hotloop.engine import Strategy  # noqa: E402

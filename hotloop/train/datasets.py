@@ -17,7 +17,7 @@ one-shot generator object is refused: pass the function that makes it).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from ..data import Reader, from_generator
 from ..errors import UserError

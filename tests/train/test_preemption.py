@@ -139,3 +139,43 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     stopped_at = steps[-1]
     assert stopped_at % 2 == 0        # taken at a sync point (sync_every=2), by both ranks together
     assert _last_step(out / "metrics.jsonl") <= stopped_at
+
+
+class _SignalAt:
+    """Sends ``signum`` to this process after step ``step`` (twice with ``twice``)."""
+
+    def __init__(self, step: int, signum: int, twice: bool = False) -> None:
+        self.step, self.signum, self.twice = step, signum, twice
+
+    def on_event(self, event, trainer, **info):
+        from hotloop.train import Event
+        if event is Event.STEP_END and trainer.step == self.step:
+            os.kill(os.getpid(), self.signum)
+            if self.twice:
+                os.kill(os.getpid(), self.signum)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    state_key = "SignalAt"
+
+
+def test_sigusr1_checkpoints_at_the_step_boundary_and_sets_the_exit_code(tmp_path):
+    from helpers import make_trainer
+    from hotloop.train.interrupt import Interrupted
+    previous = signal.getsignal(signal.SIGUSR1)
+    trainer = make_trainer(tmp_path / "r", max_steps=10, callbacks=[_SignalAt(3, signal.SIGUSR1)])
+    with pytest.raises(Interrupted) as info:
+        trainer.fit()
+    assert info.value.exit_code == 138 and info.value.signum == signal.SIGUSR1
+    assert trainer.step == 3 and trainer.last_checkpoint.name == "step-00000003.ckpt"
+    assert signal.getsignal(signal.SIGUSR1) == previous          # the handler is removed again
+    # a second signal raises at once, from inside the callback that sent it (not at the step boundary)
+    again = make_trainer(tmp_path / "r", max_steps=10, callbacks=[_SignalAt(5, signal.SIGTERM, twice=True)])
+    with pytest.raises(Interrupted) as info:
+        again.fit(resume=True)
+    assert info.value.exit_code == 143 and again.step == 5
+    assert any(frame.name == "on_event" for frame in __import__("traceback").extract_tb(info.tb))
