@@ -150,9 +150,9 @@ class _SignalAt:
     def on_event(self, event, trainer, **info):
         from hotloop.train import Event
         if event is Event.STEP_END and trainer.step == self.step:
-            os.kill(os.getpid(), self.signum)
+            signal.raise_signal(self.signum)      # to this (main) thread, not a native pool thread
             if self.twice:
-                os.kill(os.getpid(), self.signum)
+                signal.raise_signal(self.signum)
 
     def state_dict(self):
         return {}
@@ -164,6 +164,17 @@ class _SignalAt:
 
 
 def test_sigusr1_checkpoints_at_the_step_boundary_and_sets_the_exit_code(tmp_path):
+    """In a fresh process, as `hotloop train` runs: in the suite's long-lived process a signal sent after
+    the OpenVINO decoder test (tests/export/test_seq2seq_graphs.py) ended in a segmentation fault; a
+    small OpenVINO script followed by SIGINT does not, so the cause is not pinned down."""
+    import multiprocessing
+    child = multiprocessing.get_context("spawn").Process(target=_sigusr1_body, args=(tmp_path,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0, f"the signal test failed in its process (exit code {child.exitcode})"
+
+
+def _sigusr1_body(tmp_path):
     from helpers import make_trainer
     from hotloop.train.interrupt import Interrupted
     previous = signal.getsignal(signal.SIGUSR1)

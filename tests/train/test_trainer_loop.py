@@ -142,10 +142,21 @@ class SigintAt(Callback):
 
     def on_event(self, event, trainer, **info):
         if event is Event.STEP_END and trainer.step == self.step:
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)   # to this (main) thread: native pools get no signal
 
 
 def test_ctrl_c_saves_a_checkpoint_and_raises(out):
+    """In a fresh process, as `hotloop train` runs: in the suite's long-lived process a SIGINT sent after
+    the OpenVINO decoder test (tests/export/test_seq2seq_graphs.py) ended in a segmentation fault; a
+    small OpenVINO script followed by SIGINT does not, so the cause is not pinned down."""
+    import multiprocessing
+    child = multiprocessing.get_context("spawn").Process(target=_ctrl_c_body, args=(out,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0, f"the Ctrl-C test failed in its process (exit code {child.exitcode})"
+
+
+def _ctrl_c_body(out):
     trainer = make_trainer(out, max_steps=10, callbacks=[SigintAt(3)])
     handler_before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
