@@ -53,7 +53,7 @@ class Rung:
     model_loss: bool = False          # use model.loss (the hparams' formulation) instead
     model_changes: dict[str, Any] = field(default_factory=dict)
     compile: bool = False             # torch.compile the model's loss (inductor)
-    strategy: Strategy | None = None  # hotloop default: compile_step with this strategy
+    strategy: Strategy | None = None  # hotloop default: build_step with this strategy
     cumulative: bool = True
 
 
@@ -86,7 +86,7 @@ def ladder_rungs(threads: int, default_strategy: Strategy | None, with_compile: 
     if extra_strategy is not None:
         rungs.append(Rung("hotloop+ strategy override " + _strategy_diff(extra_strategy), model_loss=True,
                           strategy=extra_strategy, cumulative=False))
-    rungs.append(Rung("hotloop default (compile_step + hparams-set formulation)", model_loss=True,
+    rungs.append(Rung("hotloop default (build_step + hparams-set formulation)", model_loss=True,
                       strategy=default_strategy or Strategy()))
     return rungs
 
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="'auto' (what hotloop train does) or Strategy overrides k=v,...")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile rung")
     parser.add_argument("--extra_strategy", default="",
-                        help="also time compile_step with Strategy() + these overrides (e.g. intra_op_threads=1)")
+                        help="also time build_step with Strategy() + these overrides (e.g. intra_op_threads=1)")
     parser.add_argument("--only", default="",
                         help="comma list of rung ids to keep, e.g. 1,2,8,9 (0 and hotloop rows always kept)")
     parser.add_argument("--profile_steps", type=int, default=0,

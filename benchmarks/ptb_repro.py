@@ -3,7 +3,7 @@
 Used while ``hotloop train`` (the Trainer/CLI) was not yet available: it wires
 the same pieces the Trainer uses -- the ``ptb_lm`` problem reader, the
 ``lstm_lm`` model and hparams set, ``build_optimizer``/``build_schedule`` and
-``compile_step`` with a :class:`Strategy` -- into the Zaremba epoch loop:
+``build_step`` with a :class:`Strategy` -- into the Zaremba epoch loop:
 train one epoch (state carried, detached every step), evaluate valid and test,
 decay the learning rate per the schedule. Logs JSON lines to ``--out``.
 

@@ -2,9 +2,9 @@
 
 For each model, in ONE process and on the same model, batch and data:
 
-- **plain**: the loop users write: eager fp32, ``optimizer.zero_grad()``, ``loss.item()``
-  every step, batches read synchronously (a GAN steps its generator, then its
-  discriminator, each with its own optimizer);
+- **plain**: the loop users write: eager fp32, ``optimizer.zero_grad()``, clipping when the
+  hparams clip, ``loss.item()`` every step, batches read synchronously (a GAN steps its
+  generator, then its discriminator, each with its own optimizer);
 - **hotloop**: ``hotloop.auto_strategy`` (timed separately, reported as ``tune_seconds``),
   then the Trainer's step (``build_step``) fed by the Trainer's feeder (prefetch, workers),
   reading the loss every ``sync_every`` steps.
@@ -98,6 +98,7 @@ class PlainLoop:
         groups = {p.name: list(p.parameters) for p in phases} if phases else {"all": list(model.parameters())}
         self.optimizers = {name: build_optimizer(params, run.hp, fused=False) for name, params in groups.items()}
         self.phased = phases is not None
+        self.max_grad_norm = run.hp.max_grad_norm
         self.losses: list[float] = []
 
     def step(self) -> None:
@@ -107,6 +108,8 @@ class PlainLoop:
             opt.zero_grad()
             loss = self.model.loss(batch).loss
             loss.backward()
+            if self.max_grad_norm > 0:                  # the hparams' clipping, as users write it
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             opt.step()
             self.losses.append(loss.item())
             return
@@ -114,6 +117,9 @@ class PlainLoop:
             self.model.zero_grad(set_to_none=True)
             loss = getattr(self.model, f"{name}_loss")(batch).loss
             loss.backward()
+            if self.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]],
+                                               self.max_grad_norm)
             opt.step()
             if name == next(iter(self.optimizers)):
                 self.losses.append(loss.item())

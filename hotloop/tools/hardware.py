@@ -126,6 +126,14 @@ def _time_matmul(n: int, dtype: torch.dtype, device: torch.device, seconds: floa
     return 2.0 * n ** 3 / best
 
 
+def _busy(cores: int) -> bool:
+    """Other work is running: the one-minute load average exceeds half the cores."""
+    try:
+        return os.getloadavg()[0] > cores / 2
+    except (AttributeError, OSError):
+        return False
+
+
 def gemm_peak(hw: HardwareInfo | None = None, *, use_cache: bool = True,
               seconds: float = 0.3) -> GemmPeak:
     """Measured matmul peak of this machine (cached per hardware + threads + torch version)."""
@@ -153,6 +161,10 @@ def gemm_peak(hw: HardwareInfo | None = None, *, use_cache: bool = True,
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
     peak = GemmPeak(fp32, bf16, size, threads)
+    if use_cache and _busy(hw.cores):
+        warnings.warn(f"GEMM peak measured while the machine is busy (load average above {hw.cores / 2:.1f}); "
+                      "not cached, so the next quiet measurement replaces it", stacklevel=2)
+        return peak
     if use_cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
