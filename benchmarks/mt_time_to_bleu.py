@@ -103,7 +103,8 @@ def train_hotloop(run: Any, budget_s: float, marks_s: list[float], out_dir: Path
     strategy = auto_strategy(model, run.problem, run.hp, "cpu", max_time=budget_s, log=print)
     left = budget_s - (time.perf_counter() - start)
     trainer = Trainer(run.problem, model, run.hp, strategy=strategy, output_dir=out_dir, max_time=left,
-                      max_epochs=10_000, eval_every=0, eval_splits=(), callbacks=[_Keep(snaps)], loggers=[])
+                      max_epochs=10_000, eval_every=0, eval_splits=(), callbacks=[_Keep(snaps)], loggers=[],
+                      run_info=run.info)     # so `hotloop eval/decode/export --output-dir` can reload the run
     trainer.fit()
     snaps.maybe_keep(trainer.model, trainer.step)
     return snaps, trainer.step, strategy
