@@ -152,3 +152,16 @@ class TinyTagger(SequenceModel):
         steps = batch["targets"].shape[1]
         x = nn.functional.pad(x, (0, 0, 0, max(0, steps - x.shape[1])))[:, :steps]  # [B, T, H]
         return self.out(torch.tanh(self.mix(x))), None        # [B, T, V]
+
+
+def run_in_fresh_process(fn: Any, *args: Any, timeout: float = 120) -> None:
+    """Run ``fn(*args)`` (a module-level function) in a spawned process; fail unless it exits 0.
+
+    For tests that signal their own process: the suite's long-lived process has native thread
+    pools a signal should not meet.
+    """
+    import multiprocessing
+    child = multiprocessing.get_context("spawn").Process(target=fn, args=args)
+    child.start()
+    child.join(timeout)
+    assert child.exitcode == 0, f"{fn.__name__} failed in its own process (exit code {child.exitcode})"

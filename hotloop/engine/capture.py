@@ -10,7 +10,7 @@ raises instead of being baked in: :class:`CaptureError` says where.
 
 A :class:`Signature` is everything a captured graph is specialised on: the
 shape, dtype, device and requires_grad of every parameter, buffer, batch and
-state tensor, plus the training flag, micro-batch count and precision (the
+state tensor, plus the training flag, whether it is one micro-batch of several, and the precision (the
 strict check of tinygrad's TinyJit). Anything else changing means a new capture.
 """
 from __future__ import annotations
@@ -66,14 +66,15 @@ def unflatten_state(tensors: list[Tensor], packed: Any) -> Any:
     return pytree.tree_unflatten(leaves, spec)
 
 
-def step_signature(model: nn.Module, batch: Batch, state: Any, scale_n: int, precision: str) -> Signature:
-    """Everything a capture is specialised on (see module doc)."""
+def step_signature(model: nn.Module, batch: Batch, state: Any, weighted: bool, precision: str) -> Signature:
+    """Everything a capture is specialised on (see module doc); ``weighted``: a micro-batch of an
+    accumulated step (its loss is multiplied by its weight), whatever the number of micro-batches."""
     params = tuple(_tensor_sig(p) for p in model.parameters())
     buffers = tuple(_tensor_sig(b) for b in model.buffers())
     data = tuple((k, _tensor_sig(v)) for k, v in sorted(batch.items()))
     leaves, spec = pytree.tree_flatten(state)
     return (params, buffers, data, tuple(_tensor_sig(x) for x in leaves), repr(spec),
-            model.training, scale_n, precision)
+            model.training, weighted, precision)
 
 
 @dataclass

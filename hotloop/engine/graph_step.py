@@ -68,7 +68,7 @@ class GraphTrainStep(TrainStep):
 
     def entry(self, batch: Batch, state: Any, n: int) -> CacheEntry:
         """The cached graph for this micro-batch's signature (captures on a miss)."""
-        sig = step_signature(self.model, batch, state, n, self.strategy.precision)
+        sig = step_signature(self.model, batch, state, n > 1, self.strategy.precision)
         found = self.cache.get(sig)
         if found is not None:
             return found

@@ -134,12 +134,7 @@ class ProgramStep(TrainStep):
                 stats[k] = v if k not in stats else stats[k] + v
         assert total is not None
         params = list(phase.parameters)
-        if n > 1:
-            weight = stats.pop("_accum_weight").to(total.dtype).clamp(min=1)
-            grads = [p.grad for p in params if p.grad is not None]
-            if grads:
-                torch._foreach_div_(grads, weight)
-            total = total / weight
+        total = self.finish_accumulation(total, stats, n)   # other phases' stray grads are cleared next phase
         optimizer = self.optimizer[phase.name]    # type: ignore[index]
         with self.phase(f"{phase.name}_optimizer"):
             grad_norm = None

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import run_in_fresh_process, REPO
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -167,11 +167,7 @@ def test_sigusr1_checkpoints_at_the_step_boundary_and_sets_the_exit_code(tmp_pat
     """In a fresh process, as `hotloop train` runs: in the suite's long-lived process a signal sent after
     the OpenVINO decoder test (tests/export/test_seq2seq_graphs.py) ended in a segmentation fault; a
     small OpenVINO script followed by SIGINT does not, so the cause is not pinned down."""
-    import multiprocessing
-    child = multiprocessing.get_context("spawn").Process(target=_sigusr1_body, args=(tmp_path,))
-    child.start()
-    child.join(120)
-    assert child.exitcode == 0, f"the signal test failed in its process (exit code {child.exitcode})"
+    run_in_fresh_process(_sigusr1_body, tmp_path)
 
 
 def _sigusr1_body(tmp_path):

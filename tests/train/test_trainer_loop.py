@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from helpers import ListReader, make_trainer, params_of, tiny_hp
+from helpers import run_in_fresh_process, ListReader, make_trainer, params_of, tiny_hp
 from hotloop.engine import Strategy, StrategyError
 from hotloop.problems.algorithmic import Reverse
 from hotloop.train import Callback, EarlyStopping, Event, TrainerError
@@ -149,11 +149,7 @@ def test_ctrl_c_saves_a_checkpoint_and_raises(out):
     """In a fresh process, as `hotloop train` runs: in the suite's long-lived process a SIGINT sent after
     the OpenVINO decoder test (tests/export/test_seq2seq_graphs.py) ended in a segmentation fault; a
     small OpenVINO script followed by SIGINT does not, so the cause is not pinned down."""
-    import multiprocessing
-    child = multiprocessing.get_context("spawn").Process(target=_ctrl_c_body, args=(out,))
-    child.start()
-    child.join(120)
-    assert child.exitcode == 0, f"the Ctrl-C test failed in its process (exit code {child.exitcode})"
+    run_in_fresh_process(_ctrl_c_body, out)
 
 
 def _ctrl_c_body(out):
