@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     amx = "amx_bf16" in hw.cpu_bf16
     print(f"benchmarks/zoo.py: torch {torch.__version__}, {torch.get_num_threads()} threads, {hw.describe()}, "
           f"AMX {'present' if amx else 'absent'}; {args.rounds} blocks of {args.block} steps each, interleaved")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in args.models.split(","):
         print(f"[{name}]", flush=True)
         row = bench_model(name, args.rounds, args.block, device, args.tune_seconds,
@@ -235,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  batch {row['batch']} x {row['input_size']}: plain {row['plain_samples_per_s']:.2f}/s, "
               f"hotloop {row['hotloop_samples_per_s']:.2f}/s -> {row['speedup']:.2f}x, MFU {row['mfu']:.1%}; "
               f"last-block loss {row['plain_loss']:.4f} vs {row['hotloop_loss']:.4f}", flush=True)
-    geomean = math.exp(statistics.mean(math.log(r["speedup"]) for r in rows))
+        geomean = math.exp(statistics.mean(math.log(r["speedup"]) for r in rows))
+        if args.json:   # rewritten after each model: a run cut short keeps the models it finished
+            Path(args.json).write_text(json.dumps({"cpu": hw.describe(), "amx": amx, "device": str(device),
+                                                   "rows": rows, "geomean_speedup": geomean}, indent=2) + "\n")
     print(f"geomean speedup {geomean:.2f}x over {len(rows)} models")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": hw.describe(), "amx": amx, "rows": rows,
-                                               "geomean_speedup": geomean}, indent=2) + "\n")
     return 0
 
 

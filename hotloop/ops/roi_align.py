@@ -116,5 +116,5 @@ def multiscale_roi_align(features: list[Tensor], rois: Tensor, output_size: int,
         idx = torch.nonzero(level == lvl).flatten()
         if idx.numel():
             pooled = roi_align(feature, rois[idx], output_size, 1.0 / stride, sampling_ratio, True)
-            out = out.index_copy(0, idx, pooled)
+            out = out.index_copy(0, idx, pooled.to(out.dtype))   # autocast may pool in another dtype
     return out
