@@ -28,7 +28,7 @@ from hotloop.hparams import get_hparams
 from hotloop.models.base import SequenceModel
 from hotloop.problems.base import Problem, ProblemSpec
 from hotloop.registry import models, problems
-from hotloop.train import Trainer
+from hotloop.train import Callback, Event, Trainer
 from hotloop.train.build import build_model
 from hotloop.train.loggers import default_loggers
 
@@ -165,3 +165,14 @@ def run_in_fresh_process(fn: Any, *args: Any, timeout: float = 120) -> None:
     child.start()
     child.join(timeout)
     assert child.exitcode == 0, f"{fn.__name__} failed in its own process (exit code {child.exitcode})"
+
+
+class StopAt(Callback):
+    """Stops a run after ``step`` (the schedule still plans for the full run)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_event(self, event: Event, trainer: Trainer, **info: Any) -> None:
+        if event is Event.STEP_END and trainer.step == self.step:
+            trainer.request_stop("test stop")

@@ -19,11 +19,10 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # deterministic cu
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from helpers import TinyStreamLM, make_trainer, params_of, tiny_hp, tiny_lm_hp  # noqa: E402
+from helpers import StopAt, TinyStreamLM, make_trainer, params_of, tiny_hp, tiny_lm_hp  # noqa: E402
 from hotloop.engine import Strategy  # noqa: E402
 from hotloop.engine.parity import ParityCase, check_parity, default_tolerance  # noqa: E402
 from hotloop.testing import model_case  # noqa: E402
-from hotloop.train import Callback, Event  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.timeout(600)]
@@ -126,16 +125,6 @@ def test_inductor_on_cuda_matches_eager(cuda_graphs):
     assert result.ok, result.reason()
     assert not result.fallback_reason
 
-
-class StopAt(Callback):
-    """Stops the run after ``step`` (the schedule still plans for the full run)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_event(self, event, trainer, **info):
-        if event is Event.STEP_END and trainer.step == self.step:
-            trainer.request_stop("test stop")
 
 
 def _assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

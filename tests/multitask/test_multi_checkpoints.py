@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
+from helpers import StopAt
 from mm_helpers import make_multi_trainer
 from hotloop.engine import Strategy
-from hotloop.train import Callback, Event
 from hotloop.train.best_per_split import best_checkpoint_for
 from hotloop.train.checkpoint import load_checkpoint
 
@@ -37,14 +37,6 @@ def test_best_checkpoint_per_problem_survives_pruning(tmp_path):
         assert record[name]["loss"] == pytest.approx(
             losses[step][f"valid/{name}"] if name != "mean" else sum(losses[step].values()) / 3)
 
-
-class StopAt(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_event(self, event, trainer, **info):
-        if event is Event.STEP_END and trainer.step == self.step:
-            trainer.request_stop("test stop")
 
 
 def _params(trainer):

@@ -4,20 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import TinyStreamLM, make_trainer, params_of, tiny_hp, tiny_lm_hp
+from helpers import StopAt, TinyStreamLM, make_trainer, params_of, tiny_hp, tiny_lm_hp
 from hotloop.engine import Strategy
-from hotloop.train import Callback, Event
 
 pytestmark = pytest.mark.timeout(600)  # generous: shared CI machines can be very loaded
 
-
-class StopAt(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_event(self, event, trainer, **info):
-        if event is Event.STEP_END and trainer.step == self.step:
-            trainer.request_stop("test stop")
 
 
 def _assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
