@@ -281,12 +281,36 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
     base = rows[0]["tokens_per_s"]
     for row in rows:
         row["speedup"] = row["tokens_per_s"] / base
+    floor = gemm_floor_ms(config, threads)
+    default_ms = rows[-1]["ms_per_step"] if rows[-1]["name"].startswith("hotloop") else None
     return {"config": config, "hparams_set": CONFIGS[config], "steps_per_rung": per_round * (warmup_rounds + rounds),
             "timed_steps_per_rung": per_round * rounds, "rounds": rounds, "warmup_rounds": warmup_rounds,
             "default_threads": default_threads, "ladder_threads": threads,
             "strategy": strategy.to_dict(), "strategy_source": how, "strategy_tune_s": tune_s,
             "profile_last_rung": profile_table, "rows": rows, "best_speedup": max(r["speedup"] for r in rows),
-            "default_speedup": rows[-1]["speedup"] if rows[-1]["name"].startswith("hotloop") else None}
+            "default_speedup": rows[-1]["speedup"] if default_ms is not None else None,
+            **_machine(), "gemm_floor_ms": floor["floor_ms"], "gemm_floor": floor,
+            "floor_ratio": default_ms / floor["floor_ms"] if default_ms is not None else None}
+
+
+def _machine() -> dict[str, Any]:
+    from hotloop.tools.hardware import detect_hardware
+    hw = detect_hardware(torch.device("cpu"))
+    return {"cpu": hw.describe(), "amx": "amx_bf16" in hw.cpu_bf16}
+
+
+def gemm_floor_ms(config: str, threads: int) -> dict[str, Any]:
+    """The GEMM-only floor of one step (``benchmarks/lstm_floor.py``): the faster of fp32 and bf16 operands."""
+    from lstm_floor import gemm_floor
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        by_dtype = {str(d).replace("torch.", ""): gemm_floor(config, d)["floor_ms"]
+                    for d in (torch.float32, torch.bfloat16)}
+    finally:
+        torch.set_num_threads(previous)
+    best = min(by_dtype, key=by_dtype.__getitem__)
+    return {"floor_ms": by_dtype[best], "dtype": best, "by_dtype_ms": by_dtype, "threads": threads}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,11 +337,14 @@ def main(argv: list[str] | None = None) -> None:
                         args.eval_batches, args.strategy, args.compile, args.only, args.extra_strategy,
                         args.profile_steps)
     print(f"\nconfig {result['config']}: {result['timed_steps_per_rung']} timed steps/rung, "
-          f"default threads {result['default_threads']}")
+          f"default threads {result['default_threads']}; {result['cpu']}, AMX {'present' if result['amx'] else 'absent'}")
     print(f"{'rung':58s} {'tok/s':>8s} {'ms/step':>8s} {'speedup':>8s} {'ppl':>8s}")
     for row in result["rows"]:
         print(f"{row['name']:58s} {row['tokens_per_s']:8.0f} {row['ms_per_step']:8.1f} "
               f"{row['speedup']:7.2f}x {row['ppl']:8.2f}")
+    if result["floor_ratio"] is not None:
+        print(f"GEMM floor {result['gemm_floor_ms']:.1f} ms/step ({result['gemm_floor']['dtype']} operands); "
+              f"hotloop default {result['floor_ratio']:.2f}x the floor, {result['default_speedup']:.2f}x the plain loop")
     if result["profile_last_rung"]:
         print("\nprofile of the last rung:\n" + result["profile_last_rung"])
     if args.json:

@@ -8,7 +8,8 @@
 3. rules propose candidates (:mod:`hotloop.tools.proposals`): all combined,
    the combination without each one, then each alone; the ones that fit the
    budget run interleaved with the baseline (:mod:`hotloop.tools.trials`);
-4. a candidate is chosen only if its median step beats eager by ``min_gain``
+4. a candidate is chosen only if it beats eager by ``min_gain`` with 90%
+   confidence over the rounds where both stepped (:mod:`hotloop.tools.significance`)
    and its loss trajectory matches eager fp32 within the engine's tolerance
    (trial trajectories, then :func:`hotloop.engine.parity.check_parity`, which also
    compares the parameter updates);
@@ -36,6 +37,7 @@ from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
 from .proposals import Proposal, ReaderFacts, baseline_strategy, candidate_order, propose
 from .reader_trial import confirm_workers
+from .significance import compare_paired
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
 from .tune_cache import cache_key, load_choice, save_choice
 from .tune_report import TuneReport
@@ -164,15 +166,19 @@ def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], t
 
 def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain: float
             ) -> Trial:
+    """The fastest candidate that is significantly faster than eager (see
+    :mod:`hotloop.tools.significance`) and passes both parity checks; else eager."""
     baseline.parity = "reference"
-    faster: list[Trial] = []
+    faster: list[tuple[float, Trial]] = []
     for t in trials:
-        if not t.measured:
+        if not t.measured or t is baseline:
             continue
         ok, t.parity = _trajectory_ok(t, baseline, runner.device, runner.hp.optimizer)
-        if ok and len(t.step_times) >= MIN_STEPS and t.median < baseline.median * (1 - min_gain):
-            faster.append(t)
-    for t in sorted(faster, key=lambda t: t.median):
+        comparison = compare_paired(t.step_times, t.step_rounds, baseline.step_times, baseline.step_rounds)
+        t.comparison = comparison.describe()
+        if ok and len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain):
+            faster.append((comparison.ratio, t))
+    for _, t in sorted(faster, key=lambda pair: pair[0]):
         ok, verdict = _engine_parity(runner.pristine, runner.hp, runner.batches, t, runner.device)
         runner.step_calls += 2 * PARITY_STEPS
         t.parity = f"{t.parity}; {verdict}"

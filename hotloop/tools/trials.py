@@ -57,7 +57,9 @@ class Trial:
     warmup: int | None = None            # warm-up steps for this trial (None: the runner's)
     status: str = "pending"              # pending | ok | unsupported: .. | failed: .. | skipped: ..
     parity: str = ""                     # reference | ok (..) | REJECTED (..) | n/a
+    comparison: str = ""                 # against eager: ratio, confidence bound, pairs (significance)
     step_times: list[float] = field(default_factory=list)   # seconds, warm-up excluded
+    step_rounds: list[int] = field(default_factory=list)    # round of each measured step (-1: not interleaved)
     warmup_times: list[float] = field(default_factory=list)  # seconds of the warm-up steps
     losses: list[float] = field(default_factory=list)       # every step, warm-up included
     steps_run: int = 0
@@ -104,6 +106,7 @@ class TrialRunner:
         self.warmup = warmup
         self.accum = max(1, hp.accum_steps)
         self.step_calls = 0                  # every step run by this runner (the budget test counts these)
+        self.round = -1                      # the interleaved round being stepped (-1: none)
         self.rng_start = snapshot_rng()       # every candidate's random streams start here
 
     def prepare(self, trial: Trial) -> bool:
@@ -152,6 +155,7 @@ class TrialRunner:
         trial.losses.append(loss)
         if trial.steps_run >= (self.warmup if trial.warmup is None else trial.warmup):
             trial.step_times.append(seconds)
+            trial.step_rounds.append(self.round)
         else:
             trial.warmup_times.append(seconds)
         trial.steps_run += 1
@@ -213,18 +217,19 @@ class TrialRunner:
             most = max(len(t.step_times) for t in live)
             # candidates reaching MIN_MEASURED come first; the reference joins when that still fits
             to_minimum = sum(max(1, self.warmup + MIN_MEASURED - t.steps_run) * t.own_estimate(est) for t in live)
-            joins = (reference.status == "ok" and len(reference.step_times) < max(most, 1)
-                     and len(reference.step_times) < steps
+            interleaved = sum(1 for r in reference.step_rounds if r >= 0)   # its steps that can be paired
+            joins = (reference.status == "ok" and interleaved < max(most, 1) and interleaved < steps
                      and reference.own_estimate(est) + to_minimum <= budget.remaining() - reserve_steps * fastest)
             members = ([reference] if joins else []) + live
             shift = rounds % len(members)
             members = members[shift:] + members[:shift]
-            rounds += 1
+            self.round, rounds = rounds, rounds + 1    # steps of one round are paired in the comparison
             start = budget.elapsed()
             for trial in members:
                 if budget.remaining() <= 0:   # a round of slow first steps must not run past the cap
                     break
                 self.step(trial)
+            self.round = -1
             last_round = budget.elapsed() - start
         for trial in queue:
             trial.status = "skipped: does not fit the tuning budget"

@@ -50,24 +50,25 @@ class TuneReport:
                          "steps_per_s": 1e3 / ms if ms else None,
                          "vs_eager": base_ms / ms if ms else None,
                          "measured_steps": len(t.step_times), "status": t.status,
-                         "parity": t.parity or "-", "chosen": t.label == self.chosen})
+                         "parity": t.parity or "-", "vs_eager_paired": t.comparison or "-",
+                         "chosen": t.label == self.chosen})
         for p in self.pipeline:
             rows.append({"candidate": p.label, "changes": ", ".join(f"{k}={v}" for k, v in p.changes.items()),
                          "rule": p.rule, "ms_per_step": None, "steps_per_s": None, "vs_eager": None,
                          "measured_steps": 0, "status": "applied by rule (input pipeline, not timed)",
-                         "parity": "n/a", "chosen": True})
+                         "parity": "n/a", "vs_eager_paired": "-", "chosen": True})
         return rows
 
     def table(self) -> str:
         """Plain-text table for the terminal and the docs."""
-        header = ("candidate", "ms/step", "steps/s", "x eager", "parity", "chosen", "status")
+        header = ("candidate", "ms/step", "steps/s", "x eager", "paired time ratio", "parity", "chosen", "status")
         lines = [header]
         for r in self.rows():
             ms = r.get("ms_per_step")
             lines.append((str(r["candidate"]), f"{ms:.2f}" if ms else "-",
                           f"{r['steps_per_s']:.1f}" if r.get("steps_per_s") else "-",
                           f"{r['vs_eager']:.3f}" if r.get("vs_eager") else "-",
-                          str(r["parity"]), "<==" if r["chosen"] else "", str(r["status"])[:60]))
+                          str(r.get("vs_eager_paired", "-")), str(r["parity"]), "<==" if r["chosen"] else "", str(r["status"])[:60]))
         widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
         text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in lines]
         text.insert(1, "  ".join("-" * w for w in widths))

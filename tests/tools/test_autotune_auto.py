@@ -225,3 +225,15 @@ def test_registered_model_gets_the_same_treatment(copy_problem):
     assert report.facts is not None and report.facts.layers["attention"] >= 1
     assert report.facts.flop_share["matmul"] > 0.5
     assert any(t.label == "fused_optimizer" for t in report.trials)
+
+
+def test_candidates_are_compared_with_eager_round_by_round(tiny_model, copy_problem, tiny_hp):
+    report = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=ROOMY, cache=False, **QUIET)
+    eager = next(t for t in report.trials if t.label == "eager")
+    interleaved = {r for r in eager.step_rounds if r >= 0}
+    assert interleaved, "eager never stepped inside the interleaved rounds"
+    compared = [t for t in report.trials if t is not eager and t.measured]
+    assert compared and all(t.comparison for t in compared)
+    # a measured candidate shares rounds with eager, and the report shows the paired ratio
+    assert any(set(t.step_rounds) & interleaved for t in compared)
+    assert "paired rounds" in report.table()

@@ -1,0 +1,118 @@
+"""One full PTB epoch of the plain PyTorch loop, then one of ``hotloop train``, on the same config.
+
+The plain loop is the PyTorch example's ``word_language_model`` loop (the ladder's rung 0): eager
+fp32, ``zero_grad``, ``clip_grad_norm_``, SGD, ``loss.item()`` every step, batches read
+synchronously. ``hotloop train`` runs as a user runs it, in a child process:
+
+    hotloop train --problem ptb_lm --hparams lstm_lm_example --max-epochs 1 --eval-every 0
+
+Both start from the same seed. Printed and written (``--json``):
+
+- ``plain_tokens_per_s`` / ``hotloop_tokens_per_s``: epoch train tokens / wall seconds. hotloop's
+  wall time is the whole command: start-up, auto's tuning, the epoch and its one evaluation;
+  the plain loop's is its epoch alone, so the ratio does not favour hotloop;
+- ``hotloop_steady_tokens_per_s``: the median of hotloop's logged train rows (tuning excluded);
+- ``token_rate_ratio`` = hotloop_tokens_per_s / plain_tokens_per_s;
+- ``plain_valid_ppl`` / ``hotloop_valid_ppl`` after the epoch, and ``ppl_rel_diff``.
+
+The two runs are sequential (an epoch cannot be interleaved), in one invocation on a quiet
+machine; the CPU model, AMX and the thread count are printed.
+
+    HOTLOOP_RAW_ROOT=DIR PYTHONPATH=. python benchmarks/lstm_epoch.py [--config example] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from lstm_ladder import CONFIGS, RungRunner, eval_ppl, ladder_rungs  # noqa: E402
+from hotloop.builtin import declare_builtins  # noqa: E402
+from hotloop.hparams import get_hparams  # noqa: E402
+from hotloop.registry import problems  # noqa: E402
+from hotloop.tools.hardware import detect_hardware  # noqa: E402
+
+__all__ = ["plain_epoch", "hotloop_epoch", "main"]
+
+
+def plain_epoch(config: str) -> dict[str, Any]:
+    """Train one epoch with the plain loop; valid ppl over the whole valid split."""
+    declare_builtins()
+    hp = get_hparams(CONFIGS[config])
+    problem = problems.get("ptb_lm")()
+    problem.prepare()
+    runner = RungRunner(ladder_rungs(torch.get_num_threads(), None, False)[0], hp, problem,
+                        torch.get_num_threads())
+    steps = len(problem.reader("train", hp))
+    seconds = runner.run(steps)
+    valid = list(problem.reader("valid", hp))
+    return {"steps": steps, "tokens": runner.tokens, "seconds": seconds,
+            "tokens_per_s": runner.tokens / seconds, "valid_ppl": eval_ppl(runner.model, valid)}
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def hotloop_epoch(config: str, tokens: int) -> dict[str, Any]:
+    """Run ``hotloop train`` for one epoch in a child process; its wall time and metrics."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "hotloop", "train", "--problem", "ptb_lm", "--hparams", CONFIGS[config],
+                   "--max-epochs", "1", "--eval-every", "0", "--output-dir", out]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        start = time.perf_counter()
+        subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+        seconds = time.perf_counter() - start
+        rows = _rows(Path(out) / "metrics.jsonl")
+    train = [r for r in rows if r.get("split") == "train" and "tokens_per_s" in r]
+    valid = [r for r in rows if r.get("split") == "valid"]
+    return {"command": " ".join(["hotloop"] + command[3:-2]), "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "steady_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if train else None,
+            "valid_ppl": valid[-1]["ppl"] if valid else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="example")
+    parser.add_argument("--json", default=None, metavar="FILE")
+    args = parser.parse_args(argv)
+    hw = detect_hardware(torch.device("cpu"))
+    amx = "amx_bf16" in hw.cpu_bf16
+    print(f"benchmarks/lstm_epoch.py: {hw.describe()}, AMX {'present' if amx else 'absent'}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads; config {args.config}", flush=True)
+    plain = plain_epoch(args.config)
+    print(f"plain loop: {plain['steps']} steps in {plain['seconds']:.1f} s, {plain['tokens_per_s']:.0f} tok/s, "
+          f"valid ppl {plain['valid_ppl']:.2f}", flush=True)
+    fast = hotloop_epoch(args.config, plain["tokens"])
+    steady = fast["steady_tokens_per_s"]
+    print(f"hotloop train: {fast['seconds']:.1f} s for the whole command, {fast['tokens_per_s']:.0f} tok/s "
+          f"({steady:.0f} tok/s in its logged rows), valid ppl {fast['valid_ppl']:.2f}")
+    result = {"config": args.config, "cpu": hw.describe(), "amx": amx, "threads": torch.get_num_threads(),
+              "plain_tokens_per_s": plain["tokens_per_s"], "plain_seconds": plain["seconds"],
+              "plain_valid_ppl": plain["valid_ppl"], "hotloop_command": fast["command"],
+              "hotloop_seconds": fast["seconds"], "hotloop_tokens_per_s": fast["tokens_per_s"],
+              "hotloop_steady_tokens_per_s": steady, "hotloop_valid_ppl": fast["valid_ppl"],
+              "token_rate_ratio": fast["tokens_per_s"] / plain["tokens_per_s"],
+              "ppl_rel_diff": abs(fast["valid_ppl"] - plain["valid_ppl"]) / plain["valid_ppl"]}
+    print(f"token-rate ratio {result['token_rate_ratio']:.2f}x (whole command) / "
+          f"{steady / plain['tokens_per_s']:.2f}x (logged rows); valid ppl {plain['valid_ppl']:.2f} vs "
+          f"{fast['valid_ppl']:.2f} ({result['ppl_rel_diff']:.2%})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""When is a candidate strategy faster than eager? Paired per-round ratios with a confidence bound.
+
+The trials interleave candidates and the eager reference one step per round, so
+a round's steps share the machine's load at that moment. For each round where
+both stepped, ``r_i = candidate_i / reference_i``. The test is on ``log r_i``:
+
+- the point estimate is the geometric mean ``exp(mean(log r))``;
+- the upper bound is the one-sided 90% Student-t bound
+  ``exp(mean + t(0.90, n-1) * sd / sqrt(n))``.
+
+A candidate is a switch only if the point estimate beats eager by ``min_gain``
+**and** the upper bound is below 1: a gain hidden in noise keeps eager, and a
+slow round on a loaded machine moves both members of its pair. With fewer than
+:data:`MIN_PAIRS` pairs the comparison falls back to the medians of the two
+contenders' steps (``paired=False``).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = ["MIN_PAIRS", "Comparison", "compare_paired", "t_quantile_90"]
+
+MIN_PAIRS = 3
+# one-sided 90% quantiles of Student's t by degrees of freedom (larger df: the nearest smaller key)
+_T90 = {1: 3.078, 2: 1.886, 3: 1.638, 4: 1.533, 5: 1.476, 6: 1.440, 7: 1.415, 8: 1.397, 9: 1.383,
+        10: 1.372, 12: 1.356, 15: 1.341, 20: 1.325, 30: 1.310, 60: 1.296, 120: 1.289}
+
+
+def t_quantile_90(df: int) -> float:
+    """The one-sided 90% Student-t quantile for ``df`` >= 1 degrees of freedom (1.282 as df -> inf)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df > 120:
+        return 1.282
+    return _T90[max(k for k in _T90 if k <= df)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate time / reference time: point estimate, 90% upper bound, pairs used."""
+
+    ratio: float            # < 1: the candidate is faster
+    upper: float            # one-sided 90% upper bound of the ratio (= ratio when unpaired)
+    pairs: int              # rounds where both stepped (0: compared by medians)
+    paired: bool
+
+    def faster(self, min_gain: float) -> bool:
+        """A switch: at least ``min_gain`` faster, and (paired) faster with 90% confidence."""
+        if self.ratio >= 1.0 - min_gain:
+            return False
+        return self.upper < 1.0 if self.paired else True
+
+    def describe(self) -> str:
+        if self.paired:
+            return f"x{self.ratio:.3f} (90% bound x{self.upper:.3f}, {self.pairs} paired rounds)"
+        return f"x{self.ratio:.3f} (medians, {self.pairs} paired rounds)"
+
+
+def compare_paired(candidate: Sequence[float], candidate_rounds: Sequence[int],
+                   reference: Sequence[float], reference_rounds: Sequence[int]) -> Comparison:
+    """Compare step times (seconds) tagged with their round (-1: outside the interleaved rounds)."""
+    by_round = {r: t for r, t in zip(reference_rounds, reference) if r >= 0}
+    logs = [math.log(t / by_round[r]) for r, t in zip(candidate_rounds, candidate)
+            if r >= 0 and r in by_round and t > 0 and by_round[r] > 0]
+    if len(logs) < MIN_PAIRS:
+        if not candidate or not reference:
+            return Comparison(math.inf, math.inf, len(logs), False)
+        ratio = statistics.median(candidate) / statistics.median(reference)
+        return Comparison(ratio, ratio, len(logs), False)
+    mean = statistics.fmean(logs)
+    spread = statistics.stdev(logs) / math.sqrt(len(logs))
+    return Comparison(math.exp(mean), math.exp(mean + t_quantile_90(len(logs) - 1) * spread), len(logs), True)
