@@ -31,7 +31,7 @@ RUN_FLAGS = True
 
 #: defaults of the train settings that a config file may set (flags default to None = "not given")
 TRAIN_DEFAULTS: dict[str, Any] = {"eval_every": 500, "keep_last": 3, "strategy": "auto",
-                                  "loggers": "jsonl,tensorboard", "on_nonfinite": "stop"}
+                                  "loggers": "jsonl,tensorboard", "on_nonfinite": "stop", "eval_bleu": 0}
 #: config key -> argparse dest, where they differ
 _DEST = {"overrides": "override", "strategy_overrides": "strategy_override"}
 _ARGV = "_train_argv"
@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, record_argv: bool = True) 
     parser.add_argument("--eval-every", type=int, default=None,
                         help="steps between evaluations (0: epoch ends; default 500)")
     parser.add_argument("--keep-last", type=int, default=None, help="checkpoints kept besides the best (default 3)")
+    parser.add_argument("--eval-bleu", type=int, default=None, metavar="N",
+                        help="translation problems: at each evaluation, greedy BLEU of the first N x 64 valid "
+                             "sentences, added to the valid row (default 0: off)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint; start fresh when there is none yet")
     parser.add_argument("--strategy", default=None, help="auto (default) | default | a JSON file of Strategy fields")
@@ -183,6 +186,7 @@ def check_same_run(out: Path, problem: str, model: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..parallel import cli_support
+    from ..train.bleu_during_training import supports_bleu
     from ..train.build import resolve_names
     from ..train.checkpoint import CheckpointManager
     from ..train.tracking import parse_logger_names
@@ -194,6 +198,10 @@ def run(args: argparse.Namespace) -> int:
     problem_cls, model_cls, hparams_name, hp = resolve_names(args.problem, args.model, args.hparams, overrides)
     request = strategy_request(args)
     parse_logger_names(args.loggers)
+    if args.eval_bleu < 0 or (args.eval_bleu and not supports_bleu(problem_cls)):
+        raise CLIError(f"--eval-bleu {args.eval_bleu}: needs N >= 1 batches and a text translation problem "
+                       f"(raw split text and a subword encoder); {args.problem} is not one" if args.eval_bleu > 0
+                       else f"--eval-bleu must be >= 0, got {args.eval_bleu}")
     out = Path(args.output_dir or f"runs/{args.problem}-{args.model}-{hparams_name}")
     job = None
     if cli_support.in_worker():  # one rank of a --nproc job: this rank's device, resume on restart
@@ -225,13 +233,15 @@ def run_info(args: argparse.Namespace, hparams_name: str, out: Path) -> dict[str
             "overrides": args.override or "", "data_dir": args.data_dir, "raw_dir": args.raw_dir,
             "imports": list(args.imports), "max_steps": args.max_steps, "max_epochs": args.max_epochs,
             "max_time": args.max_time, "eval_every": args.eval_every, "keep_last": args.keep_last,
-            "loggers": args.loggers, "on_nonfinite": args.on_nonfinite, "output_dir": str(out)}
+            "loggers": args.loggers, "on_nonfinite": args.on_nonfinite, "eval_bleu": args.eval_bleu,
+            "output_dir": str(out)}
 
 
 def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,
            request: Any, out: Path, job: Any) -> int:
     from ..parallel.cli_support import prepare_in_rank_order
     from ..train import build
+    from ..train.bleu_during_training import BleuAtEval
     from ..train.plan import plan_strategy
     from ..train.tracking import build_loggers
     from ..train.trainer import Trainer
@@ -245,6 +255,8 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
                              max_time=args.max_time, log=print, dist=job)
     dist = job.for_strategy(strategy) if job is not None else None
     callbacks = build.run_callbacks(problem) if hasattr(build, "run_callbacks") else []
+    if args.eval_bleu:
+        callbacks.append(BleuAtEval(args.eval_bleu))
     trainer = Trainer(problem, model, hp, strategy=strategy, device=args.device, output_dir=out,
                       max_time=args.max_time, eval_every=args.eval_every, keep_last=args.keep_last,
                       run_info=info, dist=dist, callbacks=callbacks, loggers=loggers,

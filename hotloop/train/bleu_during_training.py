@@ -1,0 +1,61 @@
+"""Opt-in BLEU at each evaluation: decode the first sentences of the evaluated split and add
+``bleu`` to that evaluation's metrics row (``metrics.jsonl``, the console and the loggers).
+
+``hotloop train --eval-bleu N`` adds :class:`BleuAtEval` with ``batches=N``: the first
+``N * batch_size`` sentences of the first evaluation split, in file order (the same
+sentences every time), decoded greedily by default. The score is sacreBLEU's
+(detokenized, case-sensitive, 13a), the same as ``hotloop eval --metrics bleu``; only the
+main rank decodes. Decoding time is not training time: it is reported as ``bleu_seconds``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import UserError
+from .events import Callback, Event
+
+__all__ = ["BleuAtEval", "supports_bleu"]
+
+
+def supports_bleu(problem: Any) -> bool:
+    """Whether ``problem`` (an instance or its class) has raw split text and a subword encoder."""
+    return hasattr(problem, "split_text") and hasattr(problem, "encoder")
+
+
+class BleuAtEval(Callback):
+    """Adds ``bleu`` and ``bleu_seconds`` to the metrics of each evaluation of ``split``.
+
+    ``split=None`` scores the first evaluation split. ``batches`` x ``batch_size``
+    sentences are decoded with ``beam_size`` (1 = greedy) and ``alpha``.
+    """
+
+    state_key = "bleu_at_eval"
+
+    def __init__(self, batches: int, *, split: str | None = None, beam_size: int = 1, alpha: float = 0.6,
+                 batch_size: int = 64) -> None:
+        if batches < 1:
+            raise UserError(f"BLEU during training needs at least 1 batch of sentences, got {batches}")
+        if beam_size < 1:
+            raise UserError(f"beam size must be >= 1, got {beam_size}")
+        self.batches, self.split, self.beam_size = batches, split, beam_size
+        self.alpha, self.batch_size = alpha, batch_size
+
+    def on_event(self, event: Event, trainer: Any, **info: Any) -> None:
+        if event is not Event.EVAL_END or not trainer.dist.is_main:
+            return
+        wanted = self.split or trainer.eval_splits[0]
+        if info["split"] != wanted:
+            return
+        if not supports_bleu(trainer.problem):
+            raise UserError(f"BLEU during training needs a text translation problem; "
+                            f"{type(trainer.problem).__name__} has no raw split text and subword encoder")
+        from ..decode.bleu import bleu_on_split
+        model = getattr(trainer.model, "module", trainer.model)     # the model inside a DDP wrapper
+        start = time.perf_counter()
+        result = bleu_on_split(model, trainer.problem, trainer.hp, wanted, beam_size=self.beam_size,
+                               alpha=self.alpha, max_batches=self.batches, batch_size=self.batch_size,
+                               device=trainer.device)
+        info["metrics"]["bleu"] = result.score
+        info["metrics"]["bleu_sentences"] = result.sentences
+        info["metrics"]["bleu_seconds"] = time.perf_counter() - start
