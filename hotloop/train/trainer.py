@@ -343,6 +343,7 @@ class Trainer:
                                reduce=self.dist.all_reduce_stats)
 
     def _evaluate_all(self) -> None:
+        start = time.perf_counter()
         for i, split in enumerate(self.eval_splits):
             metrics = self.evaluate(split)
             self.last_metrics[split] = metrics
@@ -350,6 +351,7 @@ class Trainer:
                 self.schedule.on_eval(metrics["loss"])
             self.callbacks.emit(Event.EVAL_END, self, split=split, metrics=metrics)
         self._last_eval_step = self.step
+        self._window.exclude(time.perf_counter() - start)   # training speed rows count training only
 
     # ----------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path | None:

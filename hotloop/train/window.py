@@ -34,6 +34,10 @@ class LogWindow:
         """Begin a new window now; ``data_time`` is the feeder's running data-wait total."""
         self.start, self.data_time_at_start, self.steps = time.perf_counter(), data_time, 0
 
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` of work that is not training (an evaluation) out of this window's wall time."""
+        self.start += seconds
+
     def add_step(self, stats: dict[str, Tensor], loss: Tensor, grad_norm: Tensor | None,
                  nonfinite: Tensor | None = None) -> None:
         """Add one optimizer step's statistics (tensors; nothing is read); ``nonfinite`` is the

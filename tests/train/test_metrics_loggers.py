@@ -86,3 +86,21 @@ def test_tensorboard_logger_writes_scalars_when_available(monkeypatch, tmp_path)
     tags = {t for t, _, _ in written}
     assert {"train/loss", "train/lr", "valid/loss", "valid/seq_accuracy", "closed"} <= tags
     assert all(step == 2 for t, _, step in written if t != "closed")
+
+
+def test_evaluation_time_is_left_out_of_the_next_rows_speed(tmp_path):
+    import time as clock
+
+    from hotloop.train import Callback, Event
+
+    class SlowEval(Callback):
+        def on_event(self, event, trainer, **info):
+            if event is Event.EVAL_END:
+                clock.sleep(1.5)          # far longer than the 4 tiny steps of a window
+
+    trainer = make_trainer(tmp_path, max_steps=12, eval_every=4, log_every=4, callbacks=[SlowEval()])
+    trainer.fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    speed = {r["step"]: r["tokens_per_s"] for r in rows if r["split"] == "train"}
+    # rows 8 and 12 follow an evaluation that slept 1.5 s; their speed is that of training alone
+    assert speed[8] > speed[4] / 5 and speed[12] > speed[4] / 5, speed
