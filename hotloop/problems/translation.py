@@ -7,34 +7,99 @@ Datagen trains one shared SentencePiece BPE vocabulary on the training text,
 appends EOS to every sentence and writes each split as ragged shards. Training
 batches are length-bucketed with a token budget (T2T style) after a seeded
 per-epoch shuffle; eval batches are bucketed without shuffling.
+
+``hp.train_fraction`` < 1 trains on a fixed part of the training pairs (see
+:func:`train_subset`); datagen, the vocabulary and the valid/test splits do not
+depend on it, so runs with and without it share one prepared folder and vocabulary.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Iterator
+
+import numpy as np
 
 from ..data.datagen import write_ragged_split
 from ..data.errors import DataError
 from ..data.reader import Reader
 from ..data.shards import ShardWriter
 from ..data.sources import from_shards
-from ..hparams import HParams
+from ..hparams import HParams, HParamsError
 from .algorithmic import UnknownSplitError
 from .base import ProblemSpec
 from .prepared import PreparedProblem
 from .text_encoders import SubwordEncoder
 
-__all__ = ["Seq2SeqHParams", "SubwordTranslation"]
+__all__ = ["Seq2SeqHParams", "SubwordTranslation", "TRAIN_SUBSET_SEED", "check_train_fraction",
+           "train_subset", "SubsetSource"]
+
+TRAIN_SUBSET_SEED = 0  # the permutation that picks a train_fraction subset (independent of hp.seed)
+
+
+def check_train_fraction(fraction: float) -> float:
+    """``fraction`` when ``0 < fraction <= 1``, else an :class:`~hotloop.hparams.HParamsError`."""
+    if not 0.0 < fraction <= 1.0:   # also refuses NaN
+        raise HParamsError(f"hparam train_fraction={fraction!r} must be in (0, 1]: the part of the "
+                           f"training pairs to train on (1 = all)")
+    return fraction
 
 
 @dataclass(frozen=True)
 class Seq2SeqHParams(HParams):
-    """Encoder-decoder fields on top of :class:`HParams`."""
+    """Encoder-decoder fields on top of :class:`HParams`; ``train_fraction`` is checked on construction
+    (so also by ``--override``): outside (0, 1] it is an :class:`~hotloop.hparams.HParamsError`."""
 
     tie_embeddings: bool = False     # output projection weight = target token embedding
     shared_embeddings: bool = False  # source embedding = target embedding (needs one shared vocabulary)
     batch_tokens: int = 0            # padded tokens per length-bucketed batch (per field); 0 = batch_size * 32
+    train_fraction: float = 1.0      # train on this fixed part of the training pairs (train_subset); 1 = all
+
+    def __post_init__(self) -> None:
+        check_train_fraction(self.train_fraction)
+
+
+def train_subset(num_pairs: int, fraction: float) -> np.ndarray:
+    """Indices (ascending, int64) of the training pairs kept by ``train_fraction=fraction``.
+
+    The first ``max(1, round(fraction * num_pairs))`` indices (Python ``round``: nearest, ties
+    to even) of the fixed permutation ``np.random.default_rng(TRAIN_SUBSET_SEED).permutation(
+    num_pairs)``, sorted back into file order. The choice depends on nothing else (not on
+    ``hp.seed``, the reader's seed or the epoch), so every epoch, resumed run, seed and
+    multi-problem run trains on the same pairs, and a smaller fraction's subset is part of a
+    larger one's. ``fraction=1`` keeps every pair.
+    """
+    check_train_fraction(fraction)
+    count = max(1, round(fraction * num_pairs))
+    if count >= num_pairs:
+        return np.arange(num_pairs, dtype=np.int64)
+    order = np.random.default_rng(TRAIN_SUBSET_SEED).permutation(num_pairs)
+    return np.sort(order[:count]).astype(np.int64)
+
+
+class SubsetSource(Reader):
+    """The items ``indices`` (in that order) of an indexable upstream; indexable itself."""
+
+    def __init__(self, upstream: Reader, indices: np.ndarray) -> None:
+        super().__init__(upstream)
+        if not upstream.indexable:
+            raise TypeError(f"SubsetSource needs an indexable upstream, got {type(upstream).__name__}")
+        self.indices = np.asarray(indices, dtype=np.int64)
+
+    @property
+    def indexable(self) -> bool:
+        return True
+
+    def _num_items(self, epoch: int) -> int:
+        return len(self.indices)
+
+    def _get(self, epoch: int, index: int) -> Any:
+        assert self.upstream is not None
+        return self.upstream._get(epoch, int(self.indices[index]))
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        for index in range(start, len(self.indices)):
+            yield self._get(epoch, index)
 
 
 class SubwordTranslation(PreparedProblem):
@@ -84,12 +149,18 @@ class SubwordTranslation(PreparedProblem):
         """Token-budget batches bucketed by length; training shuffles (seeded per epoch) and drops
         pairs longer than ``max_length``; valid/test keep every pair (an over-long one is an error).
 
+        ``train`` reads only the :func:`train_subset` pairs when ``hp.train_fraction`` < 1 (the
+        subset is chosen before the shuffle and the length filter); valid/test ignore it.
+
         The sentences are already encoded in the shards, so there is no per-batch work for ``workers``.
         """
         if split not in ("train", "valid", "test"):
             raise UnknownSplitError(f"{self.name}: unknown split {split!r}; use train, valid or test")
         manifest = self._ensure_prepared()
-        source = from_shards(self.data_dir, split)
+        source: Reader = from_shards(self.data_dir, split)
+        fraction = check_train_fraction(getattr(hp, "train_fraction", 1.0))
+        if split == "train" and fraction < 1.0:
+            source = SubsetSource(source, train_subset(len(source), fraction))
         shuffle = split == "train" if shuffle is None else shuffle
         max_length = hp.max_length or self.default_max_length
         longest = max(manifest["meta"]["splits"][split]["max_length"].values())
