@@ -74,11 +74,11 @@ def recommend(report: "ProfileReport", hw: HardwareInfo, peak: GemmPeak) -> list
                                       f"ops are small ({facts.flops_per_op / 1e6:.2f} MFLOP each): thread "
                                       "hand-off costs more than it saves", 0.1))
         compute = share["forward"] + share["backward"]
-        if (s.precision == "fp32" and facts.flop_share.get("matmul", 0) >= HEAVY_SHARE and hw.fast_bf16
-                and peak.bf16_flops > peak.fp32_flops):
-            gain = compute * facts.flop_share["matmul"] * (1 - peak.fp32_flops / peak.bf16_flops)
+        dense = facts.flop_share.get("matmul", 0) + facts.flop_share.get("conv", 0)
+        if s.precision == "fp32" and dense >= HEAVY_SHARE and hw.fast_bf16 and peak.bf16_flops > peak.fp32_flops:
+            gain = compute * dense * (1 - peak.fp32_flops / peak.bf16_flops)
             out.append(Recommendation("Strategy.precision", "bf16",
-                                      f"{facts.flop_share['matmul']:.0%} of FLOPs are matmuls and this machine's "
+                                      f"{dense:.0%} of FLOPs are matmuls and convolutions and this machine's "
                                       f"bf16 GEMM peak is {peak.bf16_flops / peak.fp32_flops:.1f}x fp32 "
                                       "(check parity: tolerance 3e-2)", gain))
         if facts.flop_share.get("conv", 0) >= HEAVY_SHARE and facts.has_conv2d and not s.channels_last:

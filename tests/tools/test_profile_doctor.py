@@ -104,3 +104,20 @@ def test_recommendations_name_the_setting_for_a_data_bound_fp32_matmul_step(tiny
     assert recs["Strategy.prefetch"].expected_gain == pytest.approx(0.5)
     assert recs["Strategy.precision"].value == "bf16" and 0 < recs["Strategy.precision"].expected_gain < 0.4
     assert "Strategy.fused_optimizer" not in recs or recs["Strategy.fused_optimizer"].value == "True"
+
+
+def test_a_conv_heavy_fp32_step_is_advised_bf16_and_channels_last(tiny_model, copy_problem, tiny_hp):
+    report = profile_training(tiny_model, copy_problem, tiny_hp, Strategy(prefetch=0, fused_optimizer=False),
+                              steps=2, warmup=0, profiled_steps=1)
+    report.phases = {"data_wait": 0.0, "forward": 0.4, "backward": 0.5, "optimizer": 0.1, "sync": 0.0}
+    report.step_seconds = 1.0
+    report.host_shares = {}
+    report.facts = report.facts.__class__(**{**report.facts.__dict__, "has_conv2d": True,
+                                             "flop_share": {"conv": 0.8, "matmul": 0.1, "other": 0.1}})
+    hw = HardwareInfo("cpu", 2, "t", ("avx512_bf16",))
+    recs = {r.setting: r for r in recommend(report, hw, GemmPeak(1e11, 3e11, 512, 2))}
+    assert recs["Strategy.precision"].value == "bf16" and "convolutions" in recs["Strategy.precision"].reason
+    assert recs["Strategy.precision"].expected_gain == pytest.approx(0.9 * 0.9 * (1 - 1 / 3))
+    assert recs["Strategy.channels_last"].value == "True"
+    no_bf16 = {r.setting for r in recommend(report, HardwareInfo("cpu", 2, "t", ()), GemmPeak(1e11, 3e11, 512, 2))}
+    assert "Strategy.precision" not in no_bf16
