@@ -134,6 +134,14 @@ class YoloV3(SequenceModel):
             outputs.append(raw.view(b, 3, -1, h, w).permute(0, 1, 3, 4, 2))  # [B, A, H, W, 5+K]
         return outputs, state
 
+    def get_extra_state(self) -> Tensor:
+        """The multi-scale size stream (a CPU generator's state): checkpoints carry it, so a resumed
+        run draws the sizes the uninterrupted run would have drawn."""
+        return self._rng.get_state()
+
+    def set_extra_state(self, state: Tensor) -> None:
+        self._rng.set_state(state)
+
     def _maybe_rescale(self, batch: Batch) -> Batch:
         sizes = tuple(self.yhp.multiscale_sizes)
         if not (self.training and sizes):

@@ -93,3 +93,17 @@ def test_evaluate_detection_reports_loss_and_coco_metrics():
     assert out["examples"] == 8 and out["loss"] > 0 and "ppl" not in out
     assert 0.0 <= out["box_ap50"] <= 1.0 and "mask_ap" not in out
     assert model.training
+
+
+def test_multiscale_stream_is_part_of_the_state_dict():
+    sizes = (32, 64, 96)
+    _, _, model = _setup(multiscale_sizes=sizes)
+    batch = next(iter(DetectionShapes().reader("train", yolov3_tiny())))
+    for _ in range(3):                                           # advance the stream
+        model._maybe_rescale(batch)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    ahead = [model._maybe_rescale(batch)["images"].shape[-1] for _ in range(8)]
+    _, _, restored = _setup(multiscale_sizes=sizes)
+    restored.load_state_dict(saved)
+    assert [restored._maybe_rescale(batch)["images"].shape[-1] for _ in range(8)] == ahead
+    assert len(set(ahead)) > 1                                   # the stream really varies the size
