@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..hparams import HParams
 from .translate import DecodeOptions, fit_source, translate_ids
 
-__all__ = ["BleuResult", "corpus_bleu", "bleu_on_split", "TextSeq2SeqProblem"]
+__all__ = ["BleuResult", "corpus_bleu", "bleu_on_split", "translation_task", "TextSeq2SeqProblem"]
 
 
 class TextSeq2SeqProblem(Protocol):
@@ -48,16 +48,44 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> BleuRes
                       hypotheses=list(hypotheses))
 
 
+def _is_text_translation(problem: Any) -> bool:
+    return hasattr(problem, "split_text") and hasattr(problem, "encoder")
+
+
+def translation_task(model: Any, problem: Any, split: str) -> tuple[Any, Any, str]:
+    """(decoder, text problem, split) that BLEU on ``split`` decodes with and scores against.
+
+    A multi-problem run (a problem with ``subproblem``) names the task in the split,
+    ``"test/<problem>"`` (the form of its evaluation splits), or has exactly one text
+    translation problem; the decoder is then ``model.decoder_for(<problem>)``. Any other
+    run decodes with ``model`` itself.
+    """
+    plain, _, task = split.partition("/")
+    if not hasattr(problem, "subproblem"):
+        return model, problem, split
+    if not task:
+        names = [n for n in problem.names if _is_text_translation(problem.subproblem(n))]
+        if len(names) != 1:
+            raise UserError(f"split {split!r}: name the translation task, e.g. {plain}/<problem> "
+                            f"(text translation problems in this run: {', '.join(names) or 'none'})")
+        task = names[0]
+    if not hasattr(model, "decoder_for"):
+        raise UserError(f"model {type(model).__name__} cannot decode one task of a multi-problem run")
+    return model.decoder_for(task), problem.subproblem(task), plain
+
+
 def bleu_on_split(model: Any, problem: TextSeq2SeqProblem, hp: HParams, split: str, *, beam_size: int = 4,
                   alpha: float = 0.6, max_batches: int = 0, batch_size: int = 64, max_extra: int = 50,
                   device: torch.device | str | None = None) -> BleuResult:
     """Translate the raw source text of ``split`` and score it against its raw target text.
 
+    A multi-problem run's task is chosen by :func:`translation_task` (``split="test/<problem>"``).
     With ``max_batches`` > 0 only the first ``max_batches * batch_size`` sentences (file order)
     are used. The model is put in eval mode for the call and restored after. Sources longer
     than the model's maximum input length are cut (counted in ``truncated``).
     """
-    if not hasattr(problem, "split_text") or not hasattr(problem, "encoder"):
+    model, problem, split = translation_task(model, problem, split)
+    if not _is_text_translation(problem):
         raise UserError(f"problem {type(problem).__name__} has no raw split text and subword encoder; "
                         f"BLEU needs a text translation problem")
     text = problem.split_text(split)

@@ -149,6 +149,16 @@ class MultiModel(SequenceModel):
                 groups.setdefault(_module_key(t.vocabulary), []).append(t)
         return groups
 
+    def decoder_for(self, task_name: str) -> nn.Module:
+        """The incremental decoder of seq2seq task ``task_name`` (:class:`~.multimodel_decoding.TaskDecoder`)."""
+        from .multimodel_decoding import TaskDecoder
+        task = self.task_specs.get(task_name)
+        seq2seq = sorted(n for n, t in self.task_specs.items() if t.spec.task == "seq2seq")
+        if task is None or task.spec.task != "seq2seq":
+            raise ModelMismatchError(f"multimodel decodes seq2seq tasks; {task_name!r} is not one of this "
+                                     f"run's ({', '.join(seq2seq) or 'none'})")
+        return TaskDecoder(self, task)
+
     def task_token(self, task: TaskSpec, batch_size: int) -> Tensor:
         """The task's learned vector, [B, 1, H]."""
         return self.task_tokens.weight[task.index].expand(batch_size, 1, -1)

@@ -3,7 +3,8 @@
 
 ``hotloop train --eval-bleu N`` adds :class:`BleuAtEval` with ``batches=N``: the first
 ``N * batch_size`` sentences of the first evaluation split, in file order (the same
-sentences every time), decoded greedily by default. The score is sacreBLEU's
+sentences every time), decoded greedily by default. In a multi-problem run every
+``valid/<problem>`` split of a text translation problem is scored, with that task's decoder. The score is sacreBLEU's
 (detokenized, case-sensitive, 13a), the same as ``hotloop eval --metrics bleu``; only the
 main rank decodes. Decoding time is not training time: it is reported as ``bleu_seconds``.
 """
@@ -18,15 +19,35 @@ from .events import Callback, Event
 __all__ = ["BleuAtEval", "supports_bleu"]
 
 
-def supports_bleu(problem: Any) -> bool:
-    """Whether ``problem`` (an instance or its class) has raw split text and a subword encoder."""
+def _text_translation(problem: Any) -> bool:
     return hasattr(problem, "split_text") and hasattr(problem, "encoder")
+
+
+def supports_bleu(problem: Any) -> bool:
+    """Whether ``problem`` (an instance or its class) is a text translation problem (raw split text
+    and a subword encoder), or a multi-problem run with at least one."""
+    if hasattr(problem, "subproblem"):
+        from ..registry import problems
+        names = getattr(problem, "names", None) or getattr(problem, "problem_names", ())
+        return any(_text_translation(problems.get(n)) for n in names)
+    return _text_translation(problem)
+
+
+def _translation_split(trainer: Any, split: str) -> bool:
+    """Whether evaluation ``split`` is scored: the first split of a one-problem run; for a
+    multi-problem run each ``valid/<problem>`` whose problem is a text translation problem."""
+    problem = trainer.problem
+    if hasattr(problem, "subproblem"):
+        _, _, task = split.partition("/")
+        return bool(task) and _text_translation(problem.subproblem(task))
+    return split == trainer.eval_splits[0]
 
 
 class BleuAtEval(Callback):
     """Adds ``bleu`` and ``bleu_seconds`` to the metrics of each evaluation of ``split``.
 
-    ``split=None`` scores the first evaluation split. ``batches`` x ``batch_size``
+    ``split=None`` scores the first evaluation split (a multi-problem run: each translation
+    task's ``valid/<problem>``). ``batches`` x ``batch_size``
     sentences are decoded with ``beam_size`` (1 = greedy) and ``alpha``.
     """
 
@@ -44,8 +65,8 @@ class BleuAtEval(Callback):
     def on_event(self, event: Event, trainer: Any, **info: Any) -> None:
         if event is not Event.EVAL_END or not trainer.dist.is_main:
             return
-        wanted = self.split or trainer.eval_splits[0]
-        if info["split"] != wanted:
+        split = info["split"]
+        if not (split == self.split if self.split is not None else _translation_split(trainer, split)):
             return
         if not supports_bleu(trainer.problem):
             raise UserError(f"BLEU during training needs a text translation problem; "
@@ -53,7 +74,7 @@ class BleuAtEval(Callback):
         from ..decode.bleu import bleu_on_split
         model = getattr(trainer.model, "module", trainer.model)     # the model inside a DDP wrapper
         start = time.perf_counter()
-        result = bleu_on_split(model, trainer.problem, trainer.hp, wanted, beam_size=self.beam_size,
+        result = bleu_on_split(model, trainer.problem, trainer.hp, split, beam_size=self.beam_size,
                                alpha=self.alpha, max_batches=self.batches, batch_size=self.batch_size,
                                device=trainer.device)
         info["metrics"]["bleu"] = result.score

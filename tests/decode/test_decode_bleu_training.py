@@ -46,3 +46,18 @@ def test_bad_settings_are_one_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "text translation problem" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_bleu_of_a_multimodel_run_decodes_its_translation_task(tiny_wmt):
+    from hotloop.problems.multi_problem import MultiProblem
+    from hotloop.registry import models
+    cls, splits, tmp = tiny_wmt
+    problem = cls(data_dir=tmp / "data", raw_dir=tmp / "raw")
+    problem.prepare()
+    multi = MultiProblem([problem])
+    hp = get_hparams("multimodel_tiny").replace(hidden_size=16, filter_size=32, num_heads=2, max_length=32)
+    model = models.get("multimodel")(hp, multi.spec(hp)).eval()
+    named = bleu_on_split(model, multi, hp, f"valid/{problem.name}", beam_size=2, max_batches=1, batch_size=4)
+    assert named.sentences == 4 and len(named.hypotheses) == 4 and 0.0 <= named.score <= 100.0
+    only = bleu_on_split(model, multi, hp, "valid", beam_size=2, max_batches=1, batch_size=4)
+    assert only.hypotheses == named.hypotheses           # the run's only translation task
