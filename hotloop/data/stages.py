@@ -195,7 +195,10 @@ class Bucket(Reader):
     bucket with bound ``b`` emits a batch when it holds ``max(1, max_tokens // b)``
     items, so every padded batch has at most ``max_tokens`` tokens per field.
     Items longer than ``max_length`` (default ``max_tokens``) are dropped.
-    Partial buckets are flushed, shortest first, at the end of the epoch.
+    At the end of the epoch the items left in partial buckets are sorted by length and
+    packed into as few batches as the budget allows (``rows * longest <= max_tokens``), and
+    those batches come in an order shuffled by the epoch number: the epoch ends with a few
+    full batches of mixed lengths instead of one small batch per bucket in length order.
     """
 
     def __init__(self, upstream: Reader, max_tokens: int, *, length_fn: Callable[[Any], int] | None = None,
@@ -204,7 +207,7 @@ class Bucket(Reader):
         super().__init__(upstream)
         if max_tokens < 1:
             raise ValueError(f"bucket max_tokens must be >= 1, got {max_tokens}")
-        self.max_length = max_length or max_tokens
+        self.max_tokens, self.max_length = max_tokens, max_length or max_tokens
         self.bounds = bucket_boundaries(self.max_length, min(min_length, self.max_length), step)
         self.sizes = [max(1, max_tokens // b) for b in self.bounds]
         self._slot_of = np.searchsorted(self.bounds, np.arange(self.max_length + 1)).tolist()
@@ -223,12 +226,26 @@ class Bucket(Reader):
                 if len(buckets[slot]) == self.sizes[slot]:
                     yield buckets[slot]
                     buckets[slot] = []
-            for bucket in buckets:
-                if bucket:
-                    yield bucket
+            yield from self._pack_leftovers([item for bucket in buckets for item in bucket], epoch)
         for index, group in enumerate(batches()):
             if index >= start:  # replay: bucketing needs every upstream item's length
                 yield self.collate(group)
+
+
+    def _pack_leftovers(self, items: list[Any], epoch: int) -> list[list[Any]]:
+        """``items`` by length into token-budget batches, in a seeded (by ``epoch``) order."""
+        groups: list[list[Any]] = []
+        group: list[Any] = []
+        for item in sorted(items, key=self.length_fn):
+            longest = self.length_fn(item)                 # sorted: the newest item is the longest
+            if group and (len(group) + 1) * longest > self.max_tokens:
+                groups.append(group)
+                group = []
+            group.append(item)
+        if group:
+            groups.append(group)
+        order = np.random.default_rng(epoch).permutation(len(groups))
+        return [groups[i] for i in order]
 
 
 class Repeat(Reader):

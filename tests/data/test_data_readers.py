@@ -168,3 +168,30 @@ def test_stream_windows_shape_and_resume():
 @pytest.mark.timeout(10)
 def test_endless_repeat_of_nothing_ends():
     assert list(from_generator(lambda: iter(())).repeat()) == []
+
+
+def test_bucket_packs_the_epoch_leftovers_into_few_full_batches():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 60, size=500)
+    seqs = [np.full(n, i + 1) for i, n in enumerate(lengths)]
+    data = {"inputs": np.array(seqs, dtype=object)}
+    reader = from_arrays(data).shuffle(500, seed=2).bucket(max_tokens=400, max_length=64)
+    first, second = list(reader), list(reader)              # two epochs
+    for batches in (first, second):
+        assert sorted(int(r[0]) for b in batches for r in b["inputs"]) == list(range(1, 501))
+        assert all(b["inputs"].shape[0] * b["inputs"].shape[1] <= 400 for b in batches)
+    # without packing every non-empty partial bucket would end the epoch as its own batch
+    bounds = bucket_boundaries(64)
+    sizes = [max(1, 400 // b) for b in bounds]
+    per_bucket = np.bincount(np.searchsorted(bounds, lengths), minlength=len(bounds))
+    partial = int(sum(1 for count, size in zip(per_bucket, sizes) if count % size))
+    full = int(sum(count // size for count, size in zip(per_bucket, sizes)))
+    leftovers = first[full:]
+    assert len(first) < full + partial and len(leftovers) >= 1
+    fill = [b["inputs"].shape[0] * b["inputs"].shape[1] / 400 for b in leftovers]
+    assert sorted(fill)[len(fill) // 2] > 0.5               # most packed batches are at least half full
+    widths = [b["inputs"].shape[1] for b in leftovers]
+    assert widths != sorted(widths) or len(widths) < 3      # not in length order
+    assert [b["inputs"].shape for b in first] != [b["inputs"].shape for b in second]   # new order each epoch
+    _assert_resume_exact(lambda: from_arrays(data).shuffle(500, seed=2).bucket(max_tokens=400, max_length=64),
+                         len(first) - 2)
