@@ -21,7 +21,7 @@ def _example(name: str) -> dict:
 
 def test_examples_are_all_covered():
     covered = {"char_components.py", "write_char_data.py", "train_script.py", "train_from_dataset.py",
-               "char_caesar.yaml"}
+               "char_caesar.yaml", "cyclegan_grid.py"}
     assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == covered
 
 
@@ -62,3 +62,19 @@ def test_train_script(tmp_path, capsys):
 def test_train_from_dataset(capsys):
     metrics = _example("train_from_dataset.py")["main"](["--max-steps", "4"])
     assert metrics["examples"] == 200 and 0.0 < metrics["loss"] < 10.0
+
+
+def test_cyclegan_grid_writes_a_png_of_a_trained_run(tmp_path, monkeypatch):
+    import sys
+    run = tmp_path / "run"
+    assert cli.main(["train", "--problem", "shapes_unpaired", "--model", "cyclegan", "--hparams", "cyclegan_small",
+                     "--override", "batch_size=2,image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,pool_size=2",
+                     "--max-steps", "2", "--strategy", "default", "--loggers", "none",
+                     "--output-dir", str(run)]) == 0
+    png = tmp_path / "grid.png"
+    monkeypatch.setattr(sys, "argv", ["cyclegan_grid.py", "--output-dir", str(run), "--png", str(png), "--rows", "2"])
+    runpy.run_path(str(EXAMPLES / "cyclegan_grid.py"), run_name="__main__")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (4 * 32 * 2, 2 * 32 * 2)        # 4 panels x 2 rows of 32 px, upscaled 2x
