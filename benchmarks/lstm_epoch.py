@@ -4,7 +4,7 @@ The plain loop is the PyTorch example's ``word_language_model`` loop (the ladder
 fp32, ``zero_grad``, ``clip_grad_norm_``, SGD, ``loss.item()`` every step, batches read
 synchronously. ``hotloop train`` runs as a user runs it, in a child process:
 
-    hotloop train --problem ptb_lm --hparams lstm_lm_example --max-epochs 1 --eval-every 0
+    hotloop train --problem ptb_lm --model lstm_lm --hparams lstm_lm_example --max-epochs 1 --eval-every 0
 
 Both start from the same seed. Printed and written (``--json``):
 
@@ -69,7 +69,8 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 def hotloop_epoch(config: str, tokens: int) -> dict[str, Any]:
     """Run ``hotloop train`` for one epoch in a child process; its wall time and metrics."""
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "hotloop", "train", "--problem", "ptb_lm", "--hparams", CONFIGS[config],
+        command = [sys.executable, "-m", "hotloop", "train", "--problem", "ptb_lm", "--model", "lstm_lm",
+                   "--hparams", CONFIGS[config],
                    "--max-epochs", "1", "--eval-every", "0", "--output-dir", out]
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         start = time.perf_counter()
