@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..tools.tune_budget import DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
+
 __all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run"]
 
 NAME = "tune"
@@ -16,9 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true", help="ignore and do not write the cache")
     parser.add_argument("--planned-steps", type=int, default=None,
                         help="steps of the run being tuned for (default: max_steps, else max_epochs x batches/epoch)")
-    parser.add_argument("--budget-fraction", type=float, default=0.05,
+    parser.add_argument("--budget-fraction", type=float, default=DEFAULT_BUDGET_FRACTION,
                         help="tuning budget as a fraction of the planned run's eager time")
-    parser.add_argument("--max-seconds", type=float, default=60.0, help="hard cap on tuning time")
+    parser.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, help="hard cap on tuning time")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the table as JSON")
 
 

@@ -39,12 +39,13 @@ from .proposals import Proposal, ReaderFacts, baseline_strategy, candidate_order
 from .reader_trial import confirm_workers
 from .significance import compare_paired
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
+from .tune_budget import DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
 from .tune_cache import cache_key, load_choice, save_choice
 from .tune_report import TuneReport
 
-__all__ = ["auto_strategy", "tune", "read_batches", "parity_tolerance", "DEFAULT_MAX_SECONDS"]
+__all__ = ["auto_strategy", "tune", "read_batches", "parity_tolerance", "DEFAULT_MAX_SECONDS",
+           "DEFAULT_BUDGET_FRACTION"]
 
-DEFAULT_MAX_SECONDS = 60.0
 PARITY_STEPS = 3        # steps of the engine's check_parity for a winner
 
 
@@ -188,7 +189,7 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
 
 
 def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device | str = "cpu",
-         planned_steps: int | None = None, *, budget_fraction: float = 0.05,
+         planned_steps: int | None = None, *, budget_fraction: float = DEFAULT_BUDGET_FRACTION,
          max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
          log: Callable[[str], None] = print, extra_proposals: Sequence[Proposal] = (),
          planned_seconds: float | None = None,
@@ -274,7 +275,7 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
 
 
 def auto_strategy(model: nn.Module, problem: Problem, hp: HParams, device: torch.device | str,
-                  planned_steps: int | None, *, budget_fraction: float = 0.05,
+                  planned_steps: int | None, *, budget_fraction: float = DEFAULT_BUDGET_FRACTION,
                   max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
                   log: Callable[[str], None] = print, planned_seconds: float | None = None) -> Strategy:
     """The Strategy for ``strategy="auto"``: never slower than eager fp32 in its own measurements.
