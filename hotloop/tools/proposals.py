@@ -22,7 +22,6 @@ SMALL_OP_FLOPS = 2e6      # mean FLOPs per aten op below which dispatch/threadin
 HEAVY_SHARE = 0.5         # a FLOP share at or above this makes a model "matmul-" or "conv-heavy"
 DATA_BOUND_RATIO = 0.05   # reader time per batch / step time above which feeding must be async
 COMPILE_OPS = 300         # ops per step above which whole-step capture is worth trying
-FUSABLE_LAYERS = ("norm", "attention")   # layers whose elementwise work a compiler fuses around the GEMMs
 
 
 @dataclass(frozen=True)
@@ -93,13 +92,6 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
     if hw.device == "cuda" and hw.cuda_capability >= (8, 0) and share.get("matmul", 0.0) >= HEAVY_SHARE:
         out.append(Proposal("tf32", {"tf32": True}, "fp32 matmuls on Ampere+ -> TF32 tensor cores",
                             expected_gain=0.2, tags=("lossy",)))
-    fusable = [kind for kind in FUSABLE_LAYERS if facts.layers.get(kind)]
-    if dense >= HEAVY_SHARE and fusable and not small_ops and "inductor" in available_backends:
-        kind = "conv" if share.get("conv", 0.0) > share.get("matmul", 0.0) else "matmul"
-        out.append(Proposal("backend=inductor", {"backend": "inductor"},
-                            f"{kind}-heavy with {'/'.join(fusable)} layers -> inductor fuses the elementwise "
-                            f"work between the GEMMs (normalisation, activations, softmax)",
-                            expected_gain=0.15, compile_cost=60.0))
     if facts.ops_per_step >= COMPILE_OPS and small_ops:
         for backend, cost in (("graph", 2.0), ("inductor", 40.0)):
             if backend in available_backends:

@@ -163,14 +163,12 @@ def test_parity_tolerance_is_bitwise_unless_threads_or_precision_change():
     assert parity_tolerance(Strategy(precision="bf16"), REFERENCE, cpu) == 3e-2
 
 
-def test_dense_models_with_norms_or_attention_time_inductor_when_declared():
-    conv_bn = ModelFacts("m.M", 1000, {"conv": 20, "norm": 20}, 0, True, 5e10, 200, {"conv": 0.9, "other": 0.1})
-    attention = ModelFacts("m.M", 1000, {"linear": 8, "attention": 4, "norm": 8}, 0, False, 5e10, 200,
-                           {"matmul": 0.85, "other": 0.15})
-    plain_mlp = ModelFacts("m.M", 1000, {"linear": 4}, 0, False, 5e10, 200, {"matmul": 0.95, "other": 0.05})
-    for model, kind in ((conv_bn, "conv-heavy"), (attention, "matmul-heavy")):
-        inductor = next(p for p in propose(model, CPU_BF16, available_backends=("graph", "inductor"))
-                        if p.label == "backend=inductor")
-        assert inductor.changes == {"backend": "inductor"} and kind in inductor.rule and inductor.compile_cost > 0
-        assert "backend=inductor" not in labels(propose(model, CPU_BF16))          # not declared: not proposed
-    assert "backend=inductor" not in labels(propose(plain_mlp, CPU_BF16, available_backends=("inductor",)))
+
+def test_large_op_models_get_no_capture_proposal():
+    """Compiling is proposed for many small ops only: on a large-op transformer step a 60 s inductor
+    candidate cannot be timed within a short budget, and as part of the combined candidate it kept
+    the measurable bf16 + fused-optimizer combination from being timed (Multi30k, 2026-11-30)."""
+    attention = ModelFacts("m.M", 1000, {"linear": 8, "attention": 4, "norm": 8}, 0, False, 2e11, 3000,
+                           {"matmul": 1.0})
+    assert not any(p.label.startswith("backend=") for p in
+                   propose(attention, CPU_BF16, available_backends=("graph", "inductor")))
