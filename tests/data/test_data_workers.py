@@ -158,7 +158,7 @@ def test_unpicklable_function_is_a_clear_error():
 
 
 _SCRIPT = textwrap.dedent("""
-    import sys, time
+    import faulthandler, signal, sys, time
     import numpy as np
     from hotloop.data import from_arrays, prefetch
 
@@ -174,6 +174,9 @@ _SCRIPT = textwrap.dedent("""
 
 
     if __name__ == "__main__":
+        # a shell's background job inherits SIGINT ignored; Ctrl-C at a terminal is not ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)   # the test's report if this hangs
         left_open = pipeline("fork")        # never closed: must end with the interpreter
         left_it = iter(left_open)
         next(left_it)
@@ -203,11 +206,17 @@ def test_ctrl_c_and_interpreter_exit_leave_no_orphans(tmp_path):
         assert len(pids) == 4 and all(_alive(p) for p in pids)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)          # catches a hang; a loaded CI machine can take over 20 s
+        try:   # communicate, not wait: the child and its workers write to pipes that must not fill up
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)          # the child's faulthandler prints every thread
+            time.sleep(1.0)
+            proc.kill()
+            pytest.fail("the child did not end within 60 s of Ctrl-C; its threads:\n" + proc.communicate()[1][-6000:])
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "KeyboardInterrupt" in proc.stderr.read()
+    assert "KeyboardInterrupt" in err
     deadline = time.monotonic() + 5
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
