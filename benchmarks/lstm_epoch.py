@@ -13,7 +13,10 @@ Both start from the same seed. Printed and written (``--json``):
   the plain loop's is its epoch alone, so the ratio does not favour hotloop;
 - ``hotloop_steady_tokens_per_s``: the median of hotloop's logged train rows (tuning excluded);
 - ``token_rate_ratio`` = hotloop_tokens_per_s / plain_tokens_per_s;
-- ``plain_valid_ppl`` / ``hotloop_valid_ppl`` after the epoch, and ``ppl_rel_diff``.
+- ``plain_valid_ppl`` / ``hotloop_valid_ppl`` after the epoch, both computed the same way (fp32,
+  full logits, the whole valid split in the training batch shape; hotloop's from its last
+  checkpoint), and ``ppl_rel_diff``; ``hotloop_logged_valid_ppl`` is the run's own evaluation
+  (at the run's precision).
 
 The two runs are sequential (an epoch cannot be interleaved), in one invocation on a quiet
 machine; the CPU model, AMX and the thread count are printed.
@@ -43,6 +46,7 @@ from hotloop.builtin import declare_builtins  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.registry import problems  # noqa: E402
 from hotloop.tools.hardware import detect_hardware  # noqa: E402
+from hotloop.train.restore import find_checkpoint, load_trained  # noqa: E402
 
 __all__ = ["plain_epoch", "hotloop_epoch", "main"]
 
@@ -77,11 +81,14 @@ def hotloop_epoch(config: str, tokens: int) -> dict[str, Any]:
         subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
         seconds = time.perf_counter() - start
         rows = _rows(Path(out) / "metrics.jsonl")
+        trained = load_trained(find_checkpoint(out, which="latest"))
+        valid_batches = list(trained.problem.reader("valid", trained.hp))
+        fp32_ppl = eval_ppl(trained.model, valid_batches)          # as the plain loop's: fp32, full logits
     train = [r for r in rows if r.get("split") == "train" and "tokens_per_s" in r]
     valid = [r for r in rows if r.get("split") == "valid"]
     return {"command": " ".join(["hotloop"] + command[3:-2]), "seconds": seconds, "tokens_per_s": tokens / seconds,
             "steady_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if train else None,
-            "valid_ppl": valid[-1]["ppl"] if valid else None}
+            "valid_ppl": fp32_ppl, "logged_valid_ppl": valid[-1]["ppl"] if valid else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
               "plain_valid_ppl": plain["valid_ppl"], "hotloop_command": fast["command"],
               "hotloop_seconds": fast["seconds"], "hotloop_tokens_per_s": fast["tokens_per_s"],
               "hotloop_steady_tokens_per_s": steady, "hotloop_valid_ppl": fast["valid_ppl"],
+              "hotloop_logged_valid_ppl": fast["logged_valid_ppl"],
               "token_rate_ratio": fast["tokens_per_s"] / plain["tokens_per_s"],
               "ppl_rel_diff": abs(fast["valid_ppl"] - plain["valid_ppl"]) / plain["valid_ppl"]}
     print(f"token-rate ratio {result['token_rate_ratio']:.2f}x (whole command) / "

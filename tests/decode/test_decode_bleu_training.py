@@ -28,7 +28,7 @@ def test_each_valid_row_carries_the_bleu_of_its_first_sentences(tiny_wmt):
     trainer.fit()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     valid = [r for r in rows if r["split"] == "valid"]
-    assert [r["step"] for r in valid] == [2, 4]
+    assert {2, 4} <= {r["step"] for r in valid}            # every 2 steps (and at each epoch end)
     assert all(r["bleu_sentences"] == 4 and 0.0 <= r["bleu"] <= 100.0 and r["bleu_seconds"] > 0 for r in valid)
     # the logged score is the score of the trained model on the same sentences
     again = bleu_on_split(trainer.model, problem, hp, "valid", beam_size=1, max_batches=1, batch_size=4)
