@@ -81,6 +81,7 @@ def hotloop_epoch(config: str, tokens: int) -> dict[str, Any]:
         subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
         seconds = time.perf_counter() - start
         rows = _rows(Path(out) / "metrics.jsonl")
+        strategy = json.loads((Path(out) / "run.json").read_text())["strategy"]   # auto's choice
         trained = load_trained(find_checkpoint(out, which="latest"))
         valid_batches = list(trained.problem.reader("valid", trained.hp))
         fp32_ppl = eval_ppl(trained.model, valid_batches)          # as the plain loop's: fp32, full logits
@@ -88,7 +89,9 @@ def hotloop_epoch(config: str, tokens: int) -> dict[str, Any]:
     valid = [r for r in rows if r.get("split") == "valid"]
     return {"command": " ".join(["hotloop"] + command[3:-2]), "seconds": seconds, "tokens_per_s": tokens / seconds,
             "steady_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if train else None,
-            "valid_ppl": fp32_ppl, "logged_valid_ppl": valid[-1]["ppl"] if valid else None}
+            "valid_ppl": fp32_ppl, "logged_valid_ppl": valid[-1]["ppl"] if valid else None,
+            "strategy": {k: v for k, v in strategy.items() if k in ("precision", "fused_optimizer", "backend",
+                                                                   "intra_op_threads", "prefetch", "num_workers")}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,13 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     fast = hotloop_epoch(args.config, plain["tokens"])
     steady = fast["steady_tokens_per_s"]
     print(f"hotloop train: {fast['seconds']:.1f} s for the whole command, {fast['tokens_per_s']:.0f} tok/s "
-          f"({steady:.0f} tok/s in its logged rows), valid ppl {fast['valid_ppl']:.2f}")
+          f"({steady:.0f} tok/s in its logged rows), valid ppl {fast['valid_ppl']:.2f}; auto chose {fast['strategy']}")
     result = {"config": args.config, "cpu": hw.describe(), "amx": amx, "threads": torch.get_num_threads(),
               "plain_tokens_per_s": plain["tokens_per_s"], "plain_seconds": plain["seconds"],
               "plain_valid_ppl": plain["valid_ppl"], "hotloop_command": fast["command"],
               "hotloop_seconds": fast["seconds"], "hotloop_tokens_per_s": fast["tokens_per_s"],
               "hotloop_steady_tokens_per_s": steady, "hotloop_valid_ppl": fast["valid_ppl"],
-              "hotloop_logged_valid_ppl": fast["logged_valid_ppl"],
+              "hotloop_logged_valid_ppl": fast["logged_valid_ppl"], "hotloop_strategy": fast["strategy"],
               "token_rate_ratio": fast["tokens_per_s"] / plain["tokens_per_s"],
               "ppl_rel_diff": abs(fast["valid_ppl"] - plain["valid_ppl"]) / plain["valid_ppl"]}
     print(f"token-rate ratio {result['token_rate_ratio']:.2f}x (whole command) / "
