@@ -15,7 +15,7 @@ replays otherwise (``bucket`` and buffered ``shuffle`` of a generator).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 __all__ = ["Reader"]
 
@@ -134,6 +134,10 @@ class Reader:
     def skip(self, count: int) -> "Reader":
         from .stages import Skip
         return Skip(self, count)
+
+    def select(self, indices: Sequence[int]) -> "Reader":
+        from .stages import Select
+        return Select(self, indices)
 
     def prefetch(self, capacity: int = 2, device: Any = None, double_buffer: bool = True) -> Any:
         from .prefetch import prefetch

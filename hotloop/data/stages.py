@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .collate import collate as default_collate
 from .reader import Reader
 
-__all__ = ["Shuffle", "Map", "Batched", "Bucket", "Repeat", "Take", "Skip", "bucket_boundaries",
+__all__ = ["Shuffle", "Map", "Batched", "Bucket", "Repeat", "Take", "Skip", "Select", "bucket_boundaries",
            "shuffle_order"]
 
 
@@ -328,3 +328,27 @@ class Skip(_CountedSlice):
 
     def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
         return self.upstream._iter_from(epoch, start + self.count)
+
+
+class Select(Reader):
+    """The upstream's items ``indices`` (in that order) each epoch; needs, and stays, indexable."""
+
+    def __init__(self, upstream: Reader, indices: Sequence[int]) -> None:
+        super().__init__(upstream)
+        if not upstream.indexable:
+            raise TypeError(f"select needs an indexable upstream, got {type(upstream).__name__}")
+        self.indices = np.asarray(indices, dtype=np.int64)
+
+    @property
+    def indexable(self) -> bool:
+        return True
+
+    def _num_items(self, epoch: int) -> int:
+        return len(self.indices)
+
+    def _get(self, epoch: int, index: int) -> Any:
+        return self.upstream._get(epoch, int(self.indices[index]))
+
+    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
+        for index in range(start, len(self.indices)):
+            yield self._get(epoch, index)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import ClassVar, Iterable
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from .prepared import PreparedProblem
 from .text_encoders import SubwordEncoder
 
 __all__ = ["Seq2SeqHParams", "SubwordTranslation", "TRAIN_SUBSET_SEED", "check_train_fraction",
-           "train_subset", "SubsetSource"]
+           "train_subset"]
 
 TRAIN_SUBSET_SEED = 0  # the permutation that picks a train_fraction subset (independent of hp.seed)
 
@@ -75,31 +75,6 @@ def train_subset(num_pairs: int, fraction: float) -> np.ndarray:
         return np.arange(num_pairs, dtype=np.int64)
     order = np.random.default_rng(TRAIN_SUBSET_SEED).permutation(num_pairs)
     return np.sort(order[:count]).astype(np.int64)
-
-
-class SubsetSource(Reader):
-    """The items ``indices`` (in that order) of an indexable upstream; indexable itself."""
-
-    def __init__(self, upstream: Reader, indices: np.ndarray) -> None:
-        super().__init__(upstream)
-        if not upstream.indexable:
-            raise TypeError(f"SubsetSource needs an indexable upstream, got {type(upstream).__name__}")
-        self.indices = np.asarray(indices, dtype=np.int64)
-
-    @property
-    def indexable(self) -> bool:
-        return True
-
-    def _num_items(self, epoch: int) -> int:
-        return len(self.indices)
-
-    def _get(self, epoch: int, index: int) -> Any:
-        assert self.upstream is not None
-        return self.upstream._get(epoch, int(self.indices[index]))
-
-    def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
-        for index in range(start, len(self.indices)):
-            yield self._get(epoch, index)
 
 
 class SubwordTranslation(PreparedProblem):
@@ -158,9 +133,9 @@ class SubwordTranslation(PreparedProblem):
             raise UnknownSplitError(f"{self.name}: unknown split {split!r}; use train, valid or test")
         manifest = self._ensure_prepared()
         source: Reader = from_shards(self.data_dir, split)
-        fraction = check_train_fraction(getattr(hp, "train_fraction", 1.0))
+        fraction = getattr(hp, "train_fraction", 1.0)   # checked when the hparams are built
         if split == "train" and fraction < 1.0:
-            source = SubsetSource(source, train_subset(len(source), fraction))
+            source = source.select(train_subset(len(source), fraction))
         shuffle = split == "train" if shuffle is None else shuffle
         max_length = hp.max_length or self.default_max_length
         longest = max(manifest["meta"]["splits"][split]["max_length"].values())

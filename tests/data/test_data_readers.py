@@ -195,3 +195,12 @@ def test_bucket_packs_the_epoch_leftovers_into_few_full_batches():
     assert [b["inputs"].shape for b in first] != [b["inputs"].shape for b in second]   # new order each epoch
     _assert_resume_exact(lambda: from_arrays(data).shuffle(500, seed=2).bucket(max_tokens=400, max_length=64),
                          len(first) - 2)
+
+
+def test_select_serves_the_given_indices_indexable_and_resumable():
+    reader = from_arrays(np.arange(10) * 10).select([7, 2, 5])
+    assert reader.indexable and len(reader) == 3
+    assert [int(x) for x in reader] == [70, 20, 50]
+    _assert_resume_exact(lambda: from_arrays(np.arange(50)).select(np.arange(0, 50, 3)).shuffle(8, seed=3), 6)
+    with pytest.raises(TypeError, match="indexable"):
+        from_generator(lambda: iter(range(3))).select([0])
