@@ -198,10 +198,11 @@ def run(args: argparse.Namespace) -> int:
     problem_cls, model_cls, hparams_name, hp = resolve_names(args.problem, args.model, args.hparams, overrides)
     request = strategy_request(args)
     parse_logger_names(args.loggers)
-    if args.eval_bleu < 0 or (args.eval_bleu and not supports_bleu(problem_cls)):
-        raise CLIError(f"--eval-bleu {args.eval_bleu}: needs N >= 1 batches and a text translation problem "
-                       f"(raw split text and a subword encoder); {args.problem} is not one" if args.eval_bleu > 0
-                       else f"--eval-bleu must be >= 0, got {args.eval_bleu}")
+    if args.eval_bleu < 0:
+        raise CLIError(f"--eval-bleu must be >= 0, got {args.eval_bleu}")
+    if args.eval_bleu and not supports_bleu(problem_cls):
+        raise CLIError(f"--eval-bleu needs a text translation problem (raw split text and a subword "
+                       f"encoder); {args.problem} is not one")
     out = Path(args.output_dir or f"runs/{args.problem}-{args.model}-{hparams_name}")
     job = None
     if cli_support.in_worker():  # one rank of a --nproc job: this rank's device, resume on restart

@@ -10,7 +10,8 @@ from ..errors import UserError
 from ..hparams import HParams
 from .translate import DecodeOptions, fit_source, translate_ids
 
-__all__ = ["BleuResult", "corpus_bleu", "bleu_on_split", "translation_task", "TextSeq2SeqProblem"]
+__all__ = ["BleuResult", "corpus_bleu", "bleu_on_split", "translation_task", "is_text_translation",
+           "TextSeq2SeqProblem"]
 
 
 class TextSeq2SeqProblem(Protocol):
@@ -48,7 +49,8 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> BleuRes
                       hypotheses=list(hypotheses))
 
 
-def _is_text_translation(problem: Any) -> bool:
+def is_text_translation(problem: Any) -> bool:
+    """Whether ``problem`` (an instance or its class) has raw split text and a subword encoder."""
     return hasattr(problem, "split_text") and hasattr(problem, "encoder")
 
 
@@ -64,7 +66,7 @@ def translation_task(model: Any, problem: Any, split: str) -> tuple[Any, Any, st
     if not hasattr(problem, "subproblem"):
         return model, problem, split
     if not task:
-        names = [n for n in problem.names if _is_text_translation(problem.subproblem(n))]
+        names = [n for n in problem.names if is_text_translation(problem.subproblem(n))]
         if len(names) != 1:
             raise UserError(f"split {split!r}: name the translation task, e.g. {plain}/<problem> "
                             f"(text translation problems in this run: {', '.join(names) or 'none'})")
@@ -85,7 +87,7 @@ def bleu_on_split(model: Any, problem: TextSeq2SeqProblem, hp: HParams, split: s
     than the model's maximum input length are cut (counted in ``truncated``).
     """
     model, problem, split = translation_task(model, problem, split)
-    if not _is_text_translation(problem):
+    if not is_text_translation(problem):
         raise UserError(f"problem {type(problem).__name__} has no raw split text and subword encoder; "
                         f"BLEU needs a text translation problem")
     text = problem.split_text(split)

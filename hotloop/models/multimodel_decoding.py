@@ -17,11 +17,11 @@ from torch import Tensor, nn
 
 from ..problems.base import PAD_ID
 from .encoder_decoder import DecodeState
+from .multimodel import MultiModel, _module_key
 from .transformer import causal_mask
 
 if TYPE_CHECKING:
     from ..problems.multi_problem import TaskSpec
-    from .multimodel import MultiModel
 
 __all__ = ["TaskDecoder"]
 
@@ -29,10 +29,10 @@ __all__ = ["TaskDecoder"]
 class TaskDecoder(nn.Module):
     """``model`` decoding ``task`` (a seq2seq task of the run); the parameters are the model's."""
 
-    def __init__(self, model: "MultiModel", task: "TaskSpec") -> None:
+    def __init__(self, model: MultiModel, task: "TaskSpec") -> None:
         super().__init__()
         self.model, self.task = model, task
-        key = task.vocabulary.replace(".", "_")
+        key = _module_key(task.vocabulary)
         self.embed, self.top = model.embeddings[key], model.softmax[key]
 
     @property

@@ -43,9 +43,13 @@ class Comparison:
     """Candidate time / reference time: point estimate, 90% upper bound, pairs used."""
 
     ratio: float            # < 1: the candidate is faster
-    upper: float            # one-sided 90% upper bound of the ratio (= ratio when unpaired)
-    pairs: int              # rounds where both stepped (0: compared by medians)
-    paired: bool
+    upper: float            # one-sided 90% upper bound of the ratio (= ratio when compared by medians)
+    pairs: int              # rounds where both stepped
+
+    @property
+    def paired(self) -> bool:
+        """Enough pairs for the bound; otherwise the ratio is of the two medians."""
+        return self.pairs >= MIN_PAIRS
 
     def faster(self, min_gain: float) -> bool:
         """A switch: at least ``min_gain`` faster, and (paired) faster with 90% confidence."""
@@ -67,9 +71,9 @@ def compare_paired(candidate: Sequence[float], candidate_rounds: Sequence[int],
             if r >= 0 and r in by_round and t > 0 and by_round[r] > 0]
     if len(logs) < MIN_PAIRS:
         if not candidate or not reference:
-            return Comparison(math.inf, math.inf, len(logs), False)
+            return Comparison(math.inf, math.inf, len(logs))
         ratio = statistics.median(candidate) / statistics.median(reference)
-        return Comparison(ratio, ratio, len(logs), False)
+        return Comparison(ratio, ratio, len(logs))
     mean = statistics.fmean(logs)
     spread = statistics.stdev(logs) / math.sqrt(len(logs))
-    return Comparison(math.exp(mean), math.exp(mean + t_quantile_90(len(logs) - 1) * spread), len(logs), True)
+    return Comparison(math.exp(mean), math.exp(mean + t_quantile_90(len(logs) - 1) * spread), len(logs))

@@ -4,23 +4,21 @@
 ``hotloop train --eval-bleu N`` adds :class:`BleuAtEval` with ``batches=N``: the first
 ``N * batch_size`` sentences of the first evaluation split, in file order (the same
 sentences every time), decoded greedily by default. In a multi-problem run every
-``valid/<problem>`` split of a text translation problem is scored, with that task's decoder. The score is sacreBLEU's
-(detokenized, case-sensitive, 13a), the same as ``hotloop eval --metrics bleu``; only the
-main rank decodes. Decoding time is not training time: it is reported as ``bleu_seconds``.
+``valid/<problem>`` split of a text translation problem is scored, with that task's
+decoder. The score is sacreBLEU's (detokenized, case-sensitive, 13a), the same as
+``hotloop eval --metrics bleu`` (which also raises the error for a problem without text);
+only the main rank decodes. Decoding time is not training time: it is reported as ``bleu_seconds``.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from ..decode.bleu import bleu_on_split, is_text_translation
 from ..errors import UserError
 from .events import Callback, Event
 
 __all__ = ["BleuAtEval", "supports_bleu"]
-
-
-def _text_translation(problem: Any) -> bool:
-    return hasattr(problem, "split_text") and hasattr(problem, "encoder")
 
 
 def supports_bleu(problem: Any) -> bool:
@@ -29,8 +27,8 @@ def supports_bleu(problem: Any) -> bool:
     if hasattr(problem, "subproblem"):
         from ..registry import problems
         names = getattr(problem, "names", None) or getattr(problem, "problem_names", ())
-        return any(_text_translation(problems.get(n)) for n in names)
-    return _text_translation(problem)
+        return any(is_text_translation(problems.get(n)) for n in names)
+    return is_text_translation(problem)
 
 
 def _translation_split(trainer: Any, split: str) -> bool:
@@ -39,7 +37,7 @@ def _translation_split(trainer: Any, split: str) -> bool:
     problem = trainer.problem
     if hasattr(problem, "subproblem"):
         _, _, task = split.partition("/")
-        return bool(task) and _text_translation(problem.subproblem(task))
+        return bool(task) and is_text_translation(problem.subproblem(task))
     return split == trainer.eval_splits[0]
 
 
@@ -68,10 +66,6 @@ class BleuAtEval(Callback):
         split = info["split"]
         if not (split == self.split if self.split is not None else _translation_split(trainer, split)):
             return
-        if not supports_bleu(trainer.problem):
-            raise UserError(f"BLEU during training needs a text translation problem; "
-                            f"{type(trainer.problem).__name__} has no raw split text and subword encoder")
-        from ..decode.bleu import bleu_on_split
         model = getattr(trainer.model, "module", trainer.model)     # the model inside a DDP wrapper
         start = time.perf_counter()
         result = bleu_on_split(model, trainer.problem, trainer.hp, split, beam_size=self.beam_size,
