@@ -231,13 +231,12 @@ class Bucket(Reader):
             if index >= start:  # replay: bucketing needs every upstream item's length
                 yield self.collate(group)
 
-
     def _pack_leftovers(self, items: list[Any], epoch: int) -> list[list[Any]]:
         """``items`` by length into token-budget batches, in a seeded (by ``epoch``) order."""
         groups: list[list[Any]] = []
         group: list[Any] = []
-        for item in sorted(items, key=self.length_fn):
-            longest = self.length_fn(item)                 # sorted: the newest item is the longest
+        for longest, item in sorted(((self.length_fn(i), i) for i in items), key=lambda pair: pair[0]):
+            # sorted by length: the newest item is the group's longest
             if group and (len(group) + 1) * longest > self.max_tokens:
                 groups.append(group)
                 group = []
