@@ -47,6 +47,7 @@ from hotloop.tools.isolation import preserved_process_state  # noqa: E402
 from hotloop.tools.model_facts import analyze_model  # noqa: E402
 from hotloop.train.build import build_run  # noqa: E402
 from hotloop.train.feeding import DataFeeder, to_device  # noqa: E402
+from hotloop.tools.tune_budget import DEFAULT_MAX_SECONDS  # noqa: E402
 from hotloop.train.plan import auto_strategy  # noqa: E402
 
 # model -> (problem, hparams set, overrides): the small CPU configurations; the same for both contenders
@@ -217,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(ZOO), help="comma-separated subset")
     parser.add_argument("--rounds", type=int, default=5, help="timed blocks per contender (after one warm-up)")
     parser.add_argument("--block", type=int, default=5, help="steps per block")
-    parser.add_argument("--tune-seconds", type=float, default=30.0, help="cap on auto's tuning per model")
+    parser.add_argument("--tune-seconds", type=float, default=DEFAULT_MAX_SECONDS,
+                        help="cap on auto's tuning per model (default: hotloop's own cap)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)

@@ -200,9 +200,10 @@ class TrialRunner:
                 first_probe = not live and not done and cand.compile_cost == 0 and budget.remaining() > 0
                 if need + unfinished > budget.remaining() and not first_probe:
                     continue
-                # a compiling candidate must leave at least half the budget to the cheap ones
-                if cand.compile_cost and 2 * (cand.compile_cost + (target - steps + MIN_MEASURED) * est) \
-                        > budget.remaining():
+                # compiling candidates, together, must leave at least half the budget to the cheap ones
+                compiling = sum(t.compile_cost for t in live if t.steps_run == 0)
+                if cand.compile_cost and 2 * (compiling + cand.compile_cost
+                                              + (target - steps + MIN_MEASURED) * est) > budget.remaining():
                     continue
                 queue.remove(cand)
                 (live if self.prepare(cand) else done).append(cand)

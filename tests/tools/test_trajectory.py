@@ -1,0 +1,77 @@
+"""The trajectory parity guard: plain tolerance, bitwise claims, and the chaos floor."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotloop.engine.strategy import Strategy
+from hotloop.tools.autotune import read_batches
+from hotloop.tools.isolation import preserved_process_state
+from hotloop.tools.proposals import baseline_strategy
+from hotloop.tools.trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory
+from hotloop.tools.trials import Trial, TrialRunner
+from hotloop.train.build import build_run
+
+
+def _trial(losses: list[float]) -> Trial:
+    trial = Trial("t", Strategy(), "test")
+    trial.losses = list(losses)
+    return trial
+
+
+def _no_floor(steps: int) -> float:
+    raise AssertionError("the chaos floor must not be measured here")
+
+
+BASE = _trial([2.0, 1.5, 1.2, 1.0])
+
+
+def test_within_the_tolerance_passes_without_measuring_the_floor():
+    ok, text = judge_trajectory(_trial([2.0, 1.5, 1.2, 1.001]), BASE, 3e-2, _no_floor)
+    assert ok and text.startswith("ok (rel 1.0e-03")
+
+
+def test_a_bitwise_claim_is_never_loosened():
+    ok, text = judge_trajectory(_trial([2.0, 1.5, 1.2, 1.0 + 1e-6]), BASE, 0.0, _no_floor)
+    assert not ok and "not bitwise" in text
+    assert judge_trajectory(_trial([2.0, 1.5, 1.2, 1.0]), BASE, 0.0, _no_floor)[0]
+
+
+def test_a_miss_within_the_chaos_floor_passes_and_beyond_it_is_rejected():
+    calls: list[int] = []
+
+    def floor(steps: int) -> float:
+        calls.append(steps)
+        return 0.02
+
+    near = _trial([2.0, 1.5, 1.2, 1.0 + 0.9 * CHAOS_FACTOR * 0.02])
+    ok, text = judge_trajectory(near, BASE, 3e-2, floor)
+    assert ok and "chaos floor 2.0e-02" in text and calls == [4]
+    far = _trial([2.0, 1.5, 1.2, 1.0 + 1.1 * CHAOS_FACTOR * 0.02])
+    ok, text = judge_trajectory(far, BASE, 3e-2, floor)
+    assert not ok and "REJECTED" in text
+    ok, text = judge_trajectory(far, BASE, 3e-2, None)          # no floor offered: the plain tolerance
+    assert not ok and "chaos" not in text
+
+
+def _runner(problem: str, model: str, hparams: str, steps: int) -> tuple[TrialRunner, Trial]:
+    run = build_run(problem, model, hparams, None, device=torch.device("cpu"))
+    batches, _ = read_batches(run.problem, run.hp, 4, torch.device("cpu"))
+    runner = TrialRunner(run.model, run.hp, batches, torch.device("cpu"), warmup=0)
+    baseline = Trial("eager", baseline_strategy(), "reference")
+    assert runner.prepare(baseline)
+    for _ in range(steps):
+        runner.step(baseline)
+    return runner, baseline
+
+
+@pytest.mark.timeout(180)
+def test_the_floor_tells_a_smooth_model_from_a_chaotic_one():
+    """Over 12 steps from one-ulp-moved weights an MLP's losses move by about 1e-4 (Adam's
+    first updates follow the sign of noise-level gradients); Mask R-CNN's, which selects
+    proposals by score, by a few 1e-2 (measured 7.6e-5 and 4.3e-2)."""
+    with preserved_process_state():
+        smooth = chaos_floor(*_runner("algorithmic_copy", "mlp", "mlp_algorithmic", 12), 12)
+        chaotic = chaos_floor(*_runner("detection_shapes", "mask_rcnn", "mask_rcnn_tiny", 12), 12)
+    assert smooth < 1e-3, smooth
+    assert chaotic > 1e-2 and chaotic > 50 * smooth, (smooth, chaotic)
