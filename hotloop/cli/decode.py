@@ -18,6 +18,11 @@ longer than the model's maximum input length is cut to it (a warning names the
 line); a line that is not UTF-8 stops the run with an error naming it, after
 every earlier line was written. Sampling flags on a seq2seq run, or beam flags
 on a language-model run, are errors.
+
+Multi-problem runs (``hotloop train --problem a,b``): ``--task PROBLEM`` names the
+seq2seq task to decode (it may be left out when the run has exactly one); the
+model's decoder for that task (its task token on the target side) translates
+with that problem's vocabulary.
 """
 from __future__ import annotations
 
@@ -51,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None, help="LM: sample among the k best (0 = all)")
     parser.add_argument("--top-p", type=float, default=None, help="LM: nucleus mass (default 1 = off)")
     parser.add_argument("--seed", type=int, default=None, help="LM sampling seed (default 0)")
+    parser.add_argument("--task", default=None, metavar="PROBLEM",
+                        help="multi-problem runs: the seq2seq task to decode (default: the only one)")
     parser.add_argument("--data-dir", default=None, help="prepared data (vocabulary); default: the run's")
     parser.add_argument("--raw-dir", default=None)
     parser.add_argument("--raw-root", default=None, metavar="DIR", help="raw-data root (HOTLOOP_RAW_ROOT)")
@@ -127,26 +134,27 @@ def run(args: argparse.Namespace) -> int:
     apply_raw_root(args)
     args.device = resolve_device(args.device)
     trained = _load(args)
-    task = trained.spec.task
+    model, problem, spec = _decoding_target(args, trained)
+    task = spec.task
     if task not in ("seq2seq", "lm"):
-        raise _error(f"checkpoint {trained.checkpoint}: problem {trained.problem.name} is a {task!r} task; "
+        raise _error(f"checkpoint {trained.checkpoint}: problem {problem.name} is a {task!r} task; "
                      f"hotloop decode serves seq2seq and language-model runs")
-    _check_flags(args, task, trained.checkpoint, trained.problem.name)
+    _check_flags(args, task, trained.checkpoint, problem.name)
     try:
-        codec = text_codec(trained.problem)
+        codec = text_codec(problem)
     except DataError as exc:
         raise _error(str(exc)) from None
-    if args.runtime != "torch" and task != "seq2seq":
-        raise _error(f"--runtime {args.runtime}: exported decoding serves seq2seq runs")
+    if args.runtime != "torch" and (task != "seq2seq" or model is not trained.model):
+        raise _error(f"--runtime {args.runtime}: exported decoding serves single-problem seq2seq runs")
     if task == "seq2seq":
-        if not hasattr(trained.model, "start_decoding"):
+        if not hasattr(model, "start_decoding"):
             raise _error(f"model {trained.run_info.get('model')} has no incremental decoder")
-        decoder = trained.model if args.runtime == "torch" else _runtime_decoder(args)
-        worker: Any = Seq2SeqWorker(decoder, codec, trained.spec.max_input_length, device=args.device,
+        decoder = model if args.runtime == "torch" else _runtime_decoder(args)
+        worker: Any = Seq2SeqWorker(decoder, codec, spec.max_input_length, device=args.device,
                                     beam_size=args.beam_size or 4,
                                     alpha=0.6 if args.alpha is None else args.alpha, max_extra=args.max_length)
     else:
-        worker = LMWorker(trained.model, codec, device=args.device, max_new_tokens=args.max_length,
+        worker = LMWorker(model, codec, device=args.device, max_new_tokens=args.max_length,
                           temperature=1.0 if args.temperature is None else args.temperature,
                           top_k=args.top_k or 0, top_p=1.0 if args.top_p is None else args.top_p,
                           seed=args.seed or 0)
@@ -155,6 +163,28 @@ def run(args: argparse.Namespace) -> int:
         decode_stream(worker, read_lines(handle, source), writer, batch_size=args.batch_size,
                       source=source, on_done=bar.update)
     return 0
+
+
+def _decoding_target(args: argparse.Namespace, trained: Any) -> tuple[Any, Any, Any]:
+    """(model, problem, spec) to decode with: the run's own, or one task of a multi-problem run."""
+    problem = trained.problem
+    if not hasattr(problem, "subproblem"):
+        if args.task is not None:
+            raise _error(f"--task {args.task}: checkpoint {trained.checkpoint} is a single-problem run "
+                         f"({problem.name})")
+        return trained.model, problem, trained.spec
+    seq2seq = [n for n in problem.names if problem.subproblem(n).spec(trained.hp).task == "seq2seq"]
+    name = args.task
+    if name is None:
+        if len(seq2seq) != 1:
+            raise _error(f"checkpoint {trained.checkpoint} is a multi-problem run: name the task with --task "
+                         f"(seq2seq tasks: {', '.join(seq2seq) or 'none'})")
+        name = seq2seq[0]
+    if name not in seq2seq:
+        raise _error(f"--task {name}: not a seq2seq task of this run (seq2seq tasks: "
+                     f"{', '.join(seq2seq) or 'none'}; all tasks: {', '.join(problem.names)})")
+    task_problem = problem.subproblem(name)
+    return trained.model.decoder_for(name), task_problem, task_problem.spec(trained.hp)
 
 
 def _runtime_decoder(args: argparse.Namespace) -> Any:
