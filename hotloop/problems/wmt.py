@@ -4,12 +4,14 @@ Training pairs come from News Commentary v14 (about 338k pairs, a de<TAB>en
 TSV), validation is newstest2013 (plain text, WMT16 dev archive) and test
 newstest2014 (SGML ``<seg>`` lines, WMT14 test archive, as sacreBLEU's wmt14). Datagen
 downloads what is missing from :data:`WMT_RAW_FILES`, checks each file's
-sha256, trains a shared SentencePiece BPE vocabulary on the training text
+digest, trains a shared SentencePiece BPE vocabulary on the training text
 (ids 0 pad, 1 EOS, 2 unk), appends EOS to every sentence and writes ragged
 shards, as :mod:`hotloop.problems.multi30k` does.
 
-Checksums: a table entry whose ``sha256`` is ``None`` is not pinned yet; such
-a file is accepted on download and its digest is logged so it can be pinned
+Checksums: the two evaluation archives are pinned to the md5 digests that
+sacreBLEU publishes for the same URLs (``wmt16/dev``, ``wmt14/full``). The News
+Commentary TSV has no published digest: its entry's ``digest`` is ``None``, so
+the file is accepted on download and its sha256 is logged so it can be pinned
 in :data:`WMT_RAW_FILES`. Tests replace the table (``raw_files``) with fixture
 files and their digests served from a local HTTP server.
 """
@@ -35,14 +37,16 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RawFile:
     url: str
-    sha256: str | None    # None: not pinned (accepted, digest logged)
+    digest: str | None           # hex digest; None: not pinned (accepted, its sha256 logged)
+    algorithm: str = "sha256"    # a hashlib name
 
 
 WMT_RAW_FILES: dict[str, RawFile] = {
     "news-commentary-v14.de-en.tsv.gz": RawFile(
         "https://data.statmt.org/news-commentary/v14/training/news-commentary-v14.de-en.tsv.gz", None),
-    "dev.tgz": RawFile("https://data.statmt.org/wmt16/translation-task/dev.tgz", None),
-    "test-full.tgz": RawFile("https://statmt.org/wmt14/test-full.tgz", None),
+    "dev.tgz": RawFile("https://data.statmt.org/wmt16/translation-task/dev.tgz",
+                       "4a3dc2760bb077f4308cce96b06e6af6", "md5"),
+    "test-full.tgz": RawFile("https://statmt.org/wmt14/test-full.tgz", "a8cd784e006feb32ac6f3d9ec7eb389a", "md5"),
 }
 #: split -> (archive, member holding English, member holding German)
 WMT_EVAL_SETS = {"valid": ("dev.tgz", "dev/newstest2013.en", "dev/newstest2013.de"),
@@ -59,11 +63,11 @@ def fetch_raw_files(raw_dir: str | Path, table: dict[str, RawFile]) -> dict[str,
     for name, entry in table.items():
         path = raw_dir / name
         if not path.is_file():
-            download(entry.url, path, expected=entry.sha256)
-        if entry.sha256 is None:
+            download(entry.url, path, expected=entry.digest, algorithm=entry.algorithm)
+        if entry.digest is None:
             log.warning("%s: checksum not pinned; its sha256 is %s", path, file_digest(path))
         else:
-            verify_file(path, entry.sha256)
+            verify_file(path, entry.digest, entry.algorithm)
         paths[name] = path
     return paths
 
@@ -103,7 +107,7 @@ class TranslateWmtEnDe(SubwordTranslation):
     @property
     def config(self) -> dict[str, Any]:  # type: ignore[override]
         return {"format": "wmt-en-de-spm-bpe-v1", "vocab_size": self.vocab_size, "shared_vocab": True,
-                "sha256": {name: f.sha256 for name, f in self.raw_files.items()}}
+                "digests": {name: f"{f.algorithm}:{f.digest}" for name, f in self.raw_files.items()}}
 
     def split_text(self, split: str) -> dict[str, list[str]]:
         """Raw text of ``split``: ``{"inputs": English, "targets": German}``, one line per pair."""

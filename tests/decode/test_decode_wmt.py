@@ -40,6 +40,22 @@ def test_bad_checksum_is_refused_and_nothing_kept(tiny_wmt, monkeypatch):
     assert not (tmp / "raw" / "dev.tgz").exists() and not (tmp / "raw" / "dev.tgz.part").exists()
 
 
+def test_an_md5_pinned_archive_is_verified_by_md5(tiny_wmt, monkeypatch):
+    """The evaluation archives are pinned by the md5 digests sacreBLEU publishes."""
+    from hotloop.data.download import file_digest
+    cls, _, tmp = tiny_wmt
+    table = dict(cls.raw_files)
+    first = cls(data_dir=tmp / "data", raw_dir=tmp / "raw")
+    first.prepare()                                          # downloads every archive (sha256-pinned)
+    md5 = file_digest(tmp / "raw" / "dev.tgz", "md5")
+    table["dev.tgz"] = RawFile(table["dev.tgz"].url, md5, "md5")
+    monkeypatch.setattr(cls, "raw_files", table)
+    cls(data_dir=tmp / "data2", raw_dir=tmp / "raw").prepare()        # the kept file passes by md5
+    table["dev.tgz"] = RawFile(table["dev.tgz"].url, "0" * 32, "md5")
+    with pytest.raises(ChecksumError, match="dev.tgz"):
+        cls(data_dir=tmp / "data3", raw_dir=tmp / "raw").prepare()
+
+
 def test_read_sgm(tmp_path):
     path = tmp_path / "x.sgm"
     path.write_text('<srcset>\n<doc docid="a">\n<seg id="1"> Hallo Welt. </seg>\n<p>\n<seg id="2">Zwei</seg>\n'
