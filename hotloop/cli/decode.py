@@ -173,7 +173,8 @@ def _decoding_target(args: argparse.Namespace, trained: Any) -> tuple[Any, Any, 
             raise _error(f"--task {args.task}: checkpoint {trained.checkpoint} is a single-problem run "
                          f"({problem.name})")
         return trained.model, problem, trained.spec
-    seq2seq = [n for n in problem.names if problem.subproblem(n).spec(trained.hp).task == "seq2seq"]
+    specs = {task.name: task.spec for task in trained.spec.tasks}      # each problem's spec, as trained
+    seq2seq = [n for n in problem.names if specs[n].task == "seq2seq"]
     name = args.task
     if name is None:
         if len(seq2seq) != 1:
@@ -183,8 +184,7 @@ def _decoding_target(args: argparse.Namespace, trained: Any) -> tuple[Any, Any, 
     if name not in seq2seq:
         raise _error(f"--task {name}: not a seq2seq task of this run (seq2seq tasks: "
                      f"{', '.join(seq2seq) or 'none'}; all tasks: {', '.join(problem.names)})")
-    task_problem = problem.subproblem(name)
-    return trained.model.decoder_for(name), task_problem, task_problem.spec(trained.hp)
+    return trained.model.decoder_for(name), problem.subproblem(name), specs[name]
 
 
 def _runtime_decoder(args: argparse.Namespace) -> Any:

@@ -39,7 +39,7 @@ from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
 from .proposals import Proposal, ReaderFacts, baseline_strategy, candidate_order, propose
 from .reader_trial import confirm_workers
 from .significance import compare_paired
-from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory
+from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
 from .tune_budget import DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
 from .tune_cache import cache_key, load_choice, save_choice
@@ -157,7 +157,7 @@ def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], t
         return True, f"check_parity ok (max diff {result.max_abs_diff:.1e}{update})"
     update_ok = result.update is not None and result.update.within(result.update_tol)
     if tol > 0 and update_ok:
-        worst = max(abs(a - b) / max(abs(b), 1.0) for a, b in zip(result.losses, result.losses_ref))
+        worst = worst_rel_diff(result.losses, result.losses_ref)
         measured = floor(PARITY_STEPS)
         if worst <= CHAOS_FACTOR * measured:
             return True, (f"check_parity ok (loss rel diff {worst:.1e} <= {CHAOS_FACTOR:g} x chaos floor "

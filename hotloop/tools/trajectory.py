@@ -22,23 +22,26 @@ the divergence grows.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from .trials import Trial, TrialRunner
 
-__all__ = ["CHAOS_PERTURBATION", "CHAOS_FACTOR", "worst_loss_diff", "chaos_floor", "judge_trajectory"]
+__all__ = ["CHAOS_PERTURBATION", "CHAOS_FACTOR", "worst_rel_diff", "worst_loss_diff", "chaos_floor", "judge_trajectory"]
 
 CHAOS_PERTURBATION = 2.0 ** -22     # relative weight move: about one fp32 ulp (2**-23 is half of one)
 CHAOS_FACTOR = 4.0
 
 
+def worst_rel_diff(losses: Sequence[float], reference: Sequence[float]) -> float:
+    """Worst ``|a - b| / max(|b|, 1)`` over the steps both lists have."""
+    return max((abs(a - b) / max(abs(b), 1.0) for a, b in zip(losses, reference)), default=0.0)
+
+
 def worst_loss_diff(trial: Trial, baseline: Trial) -> tuple[float, int]:
-    """Worst ``|a - b| / max(|b|, 1)`` over the steps both ran, and that step count."""
-    n = min(len(trial.losses), len(baseline.losses))
-    pairs = list(zip(trial.losses[:n], baseline.losses[:n]))
-    return max((abs(a - b) / max(abs(b), 1.0) for a, b in pairs), default=0.0), n
+    """:func:`worst_rel_diff` of two trials' losses, and the number of steps compared."""
+    return worst_rel_diff(trial.losses, baseline.losses), min(len(trial.losses), len(baseline.losses))
 
 
 def chaos_floor(runner: TrialRunner, baseline: Trial, steps: int) -> float:
@@ -51,13 +54,14 @@ def chaos_floor(runner: TrialRunner, baseline: Trial, steps: int) -> float:
         for param in moved.runner.model.parameters():
             signs = torch.randint(0, 2, param.shape, generator=generator).to(param) * 2 - 1
             param.mul_(1 + CHAOS_PERTURBATION * signs)
-    for _ in range(steps):
-        runner.step(moved)
-        if moved.status != "ok":
-            return 0.0
-    worst, _ = worst_loss_diff(moved, baseline)
-    runner.release([moved])
-    return worst
+    try:
+        for _ in range(steps):
+            runner.step(moved)
+            if moved.status != "ok":     # no floor measured: the plain tolerance decides
+                return 0.0
+        return worst_loss_diff(moved, baseline)[0]
+    finally:
+        runner.release([moved])
 
 
 def judge_trajectory(trial: Trial, baseline: Trial, tol: float,
