@@ -88,11 +88,12 @@ def _is_secondary(failure: Any, log_dir: Path | None = None) -> bool:
 def describe_failure(error: Any, log_dir: Path | None = None) -> tuple[str, list[int], int]:
     """(message, failed ranks, exit code) from a torchrun ``ChildFailedError``.
 
-    The root cause is the earliest failure (error files have 1 s resolution),
-    preferring a rank's own error over a peer's "connection closed" consequence.
+    The root cause is a rank's own error, not a peer's "connection reset" or the
+    launcher's SIGTERM that follow it; among those, the earliest (error files and
+    signal deaths are stamped at 1 s resolution, so order alone cannot decide).
     """
     rank, first = min(error.failures.items(),
-                      key=lambda item: (item[1].timestamp, _is_secondary(item[1], log_dir), item[0]))
+                      key=lambda item: (_is_secondary(item[1], log_dir), item[1].timestamp, item[0]))
     lines = [f"distributed job failed: rank {rank} (local rank {first.local_rank}, pid {first.pid}) "
              f"exited with code {first.exitcode}: {_message(first, log_dir)}"]
     for other, failure in sorted(error.failures.items()):

@@ -103,6 +103,37 @@ def test_hung_rank_times_out_and_fails_the_job(tmp_path: Path, worker_env: None)
     _survivor_stopped(tmp_path / "pid_1")
 
 
+class _Failure:
+    """The fields of torch's ``ProcessFailure`` that ``describe_failure`` reads."""
+
+    def __init__(self, local_rank: int, exitcode: int, message: str, timestamp: int) -> None:
+        self.local_rank, self.pid, self.exitcode = local_rank, 1000 + local_rank, exitcode
+        self.message, self.timestamp = message, timestamp
+
+    def signal_name(self) -> str:
+        return signal.Signals(-self.exitcode).name
+
+
+class _ChildFailed:
+    def __init__(self, failures: dict[int, _Failure]) -> None:
+        self.failures = failures
+
+
+def test_a_peers_connection_reset_is_never_the_root_cause_even_when_stamped_earlier() -> None:
+    """Rank 0's "connection reset" error file can carry an earlier second than rank 1's SIGKILL."""
+    from hotloop.parallel.launch import describe_failure
+    error = _ChildFailed({
+        0: _Failure(0, -15, "RuntimeError: Read error: Connection reset by peer", timestamp=100),
+        1: _Failure(1, -9, "Signal 9 (SIGKILL) received by PID 1001", timestamp=101)})
+    message, ranks, code = describe_failure(error)
+    assert message.splitlines()[0].startswith("distributed job failed: rank 1 (") and "SIGKILL" in message
+    assert "also failed: rank 0" in message and ranks == [0, 1] and code == 1
+    both_primary = _ChildFailed({0: _Failure(0, 1, "ValueError: a", timestamp=101),
+                                 1: _Failure(1, 2, "ValueError: b", timestamp=100)})
+    assert describe_failure(both_primary)[0].startswith("distributed job failed: rank 1 (")
+    assert describe_failure(both_primary)[2] == 2
+
+
 def test_strip_launch_flags() -> None:
     from hotloop.parallel.launch import strip_launch_flags
     argv = ["train", "--nproc", "2", "--problem", "x", "--max-restarts=3", "--steps", "5"]
