@@ -44,6 +44,7 @@ BUILTINS: dict[Registry, dict[str, str]] = {
     hparams_sets: {
         "transformer_multi30k": "hotloop.problems.multi30k:transformer_multi30k",
         "multimodel_base": "hotloop.models.multimodel:multimodel_base",
+        "multimodel_small": "hotloop.models.multimodel:multimodel_small",
         "multimodel_tiny": "hotloop.models.multimodel:multimodel_tiny",
         "algorithmic_base": "hotloop.problems.algorithmic:algorithmic_base",
         "conv_net_base": "hotloop.models.conv:conv_net_base",

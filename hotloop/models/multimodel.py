@@ -21,7 +21,7 @@ no state between batches (a streamed LM is read as independent windows).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -38,7 +38,8 @@ from .encoder_decoder import Seq2SeqHParams
 from .layers import OutputTop
 from .transformer import TransformerBody
 
-__all__ = ["MultiModel", "MultiModelHParams", "TextBottom", "ImageStem", "multimodel_base", "multimodel_tiny"]
+__all__ = ["MultiModel", "MultiModelHParams", "TextBottom", "ImageStem", "multimodel_base", "multimodel_small",
+           "multimodel_tiny"]
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,15 @@ def multimodel_base() -> MultiModelHParams:
                              warmup_steps=1000, max_grad_norm=1.0, max_steps=30000,
                              image_channels=1, image_size=28, image_stem="patches", patch_size=4,
                              mixing="temperature", mixing_temperature=2.0)
+
+
+@hparams_sets.register("multimodel_small")
+def multimodel_small() -> MultiModelHParams:
+    """``multimodel_base`` at about a fifth of the cost, for measured comparisons on a CPU: d 128,
+    2+2 layers, FFN 512, 2048-token Multi30k batches, 32 PTB windows or digits, 500 warm-up steps,
+    uniform mixing (equal steps per task)."""
+    return replace(multimodel_base(), hidden_size=128, num_layers=2, filter_size=512, batch_size=32,
+                   batch_tokens=2048, warmup_steps=500, max_steps=6000, mixing="uniform")
 
 
 @hparams_sets.register("multimodel_tiny")

@@ -170,12 +170,16 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
     """The fastest candidate that is significantly faster than eager (see
     :mod:`hotloop.tools.significance`) and passes both parity checks; else eager."""
     baseline.parity = "reference"
-    floors: dict[int, float] = {}
+    floors: dict[tuple[int, str], float] = {}
 
-    def floor(steps: int) -> float:          # measured once, and only for a candidate that needs it
-        if steps not in floors:
-            floors[steps] = chaos_floor(runner, baseline, steps)
-        return floors[steps]
+    def floor_for(trial: Trial) -> Callable[[int], float]:
+        precision = trial.strategy.precision
+
+        def floor(steps: int) -> float:      # measured once, and only for a candidate that needs it
+            if (steps, precision) not in floors:
+                floors[steps, precision] = chaos_floor(runner, baseline, steps, precision)
+            return floors[steps, precision]
+        return floor
 
     faster: list[tuple[float, Trial]] = []
     for t in trials:
@@ -186,11 +190,12 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
         wins = len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain)
         tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
         # the chaos floor is only worth its steps for a candidate that would win on time
-        ok, t.parity = judge_trajectory(t, baseline, tol, floor if wins else None)
+        ok, t.parity = judge_trajectory(t, baseline, tol, floor_for(t) if wins else None)
         if ok and wins:
             faster.append((comparison.ratio, t))
     for _, t in sorted(faster, key=lambda pair: pair[0]):
-        ok, verdict = _engine_parity(runner.pristine, runner.hp, runner.batches, t, runner.device, floor)
+        ok, verdict = _engine_parity(runner.pristine, runner.hp, runner.batches, t, runner.device,
+                                     floor_for(t))
         runner.step_calls += 2 * PARITY_STEPS
         t.parity = f"{t.parity}; {verdict}"
         if ok:

@@ -75,3 +75,26 @@ def test_the_floor_tells_a_smooth_model_from_a_chaotic_one():
         chaotic = chaos_floor(*_runner("detection_shapes", "mask_rcnn", "mask_rcnn_tiny", 12), 12)
     assert smooth < 1e-3, smooth
     assert chaotic > 1e-2 and chaotic > 50 * smooth, (smooth, chaotic)
+
+
+def test_a_reduced_precision_floor_rounds_the_weights_to_that_dtype():
+    from hotloop.tools.trajectory import _perturb
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    before = [p.detach().clone() for p in model.parameters()]
+    _perturb(model, "bf16")
+    for old, new in zip(before, model.parameters()):
+        assert torch.equal(new, new.to(torch.bfloat16).float())     # representable in bf16
+        assert torch.equal(new, old.to(torch.bfloat16).float())     # and the nearest such value
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    _perturb(model, "fp32")                                             # one-ulp moves, not rounding
+    assert not torch.equal(model.weight, model.weight.to(torch.bfloat16).float())
+
+
+@pytest.mark.timeout(180)
+def test_the_bf16_rounding_floor_of_a_smooth_model_loosens_nothing():
+    """Rounding an MLP's weights to bf16 moves its 12-step losses far less than the bf16
+    tolerance of 3e-2 divided by CHAOS_FACTOR, so only a chaotic model gains from the floor."""
+    with preserved_process_state():
+        floor = chaos_floor(*_runner("algorithmic_copy", "mlp", "mlp_algorithmic", 12), 12, "bf16")
+    assert 0 < floor < 3e-2 / CHAOS_FACTOR, floor
