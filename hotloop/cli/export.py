@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graphs", default="forward,encoder,decoder_step",
                         help="graphs to write (onnx/openvino): forward; encoder and decoder_step for seq2seq "
                              "models with incremental decoding")
+    parser.add_argument("--task", default=None, metavar="PROBLEM",
+                        help="multi-problem runs (onnx/openvino): the problem whose graphs are written")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else run_dir / "export" / args.format
     graphs = [g for g in getattr(args, "graphs", "forward,encoder,decoder_step").split(",") if g]
     result = export_checkpoint(checkpoint, args.format, out, exporter=getattr(args, "exporter", "auto"),
-                               graphs=graphs)
+                               graphs=graphs, task=getattr(args, "task", None))
     how = f" with the {result.exporter} exporter" if result.exporter else ""
     diff = f", max abs diff vs eager {result.max_abs_diff:.2g}" if result.max_abs_diff is not None else ""
     print(f"exported {checkpoint} as {args.format}{how} to {out}{diff}")

@@ -94,6 +94,16 @@ def verify_file(export_dir: str | Path, manifest: dict[str, Any], name: str) -> 
     return path
 
 
+def _spec_from_dict(fields: dict[str, Any]) -> ProblemSpec:
+    """A ``ProblemSpec``, or a ``MultiProblemSpec`` with its tasks when the dict has ``tasks``."""
+    if "tasks" not in fields:
+        return ProblemSpec(**fields)
+    from ..problems.multi_problem import MultiProblemSpec, TaskSpec
+    tasks = tuple(TaskSpec(t["name"], t["index"], ProblemSpec(**t["spec"]), t["vocabulary"])
+                  for t in fields["tasks"])
+    return MultiProblemSpec(**{**fields, "tasks": tasks})
+
+
 def rebuild_model(manifest: dict[str, Any]) -> nn.Module:
     """A freshly initialised model from the manifest's registry name, hparams and spec (no data)."""
     name = manifest["model"]
@@ -104,8 +114,8 @@ def rebuild_model(manifest: dict[str, Any]) -> nn.Module:
     except HParamsError as exc:
         raise ExportError(f"{exc}; {IMPORT_HINT}") from None
     try:
-        spec = ProblemSpec(**manifest["spec"])
-    except TypeError as exc:
+        spec = _spec_from_dict(manifest["spec"])
+    except (TypeError, KeyError) as exc:
         raise ExportError(f"export spec does not fit ProblemSpec: {exc}") from None
     try:
         model_cls = models.get(name)

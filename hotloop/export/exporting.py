@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -140,32 +141,60 @@ def _openvino_into(job: _Job, out_dir: Path, exporter: str, log: Callable[[str],
 
 def export_model(model: nn.Module, fmt: str, out_dir: str | Path, *, model_name: str, problem_name: str = "",
                  exporter: str = "auto", graphs: Sequence[str] = GRAPHS, source: str = "",
-                 log: Callable[[str], None] = print) -> ExportResult:
+                 task: str | None = None, log: Callable[[str], None] = print) -> ExportResult:
     """Write ``model`` (a registered model, any mode) to ``out_dir`` in format ``fmt``.
 
     ONNX/OpenVINO write each of ``graphs`` the model has: ``forward`` always,
     ``encoder`` and ``decoder_step`` for seq2seq models with incremental decoding.
+    A multi-problem model (one with ``task_view``) writes the graphs of one ``task``
+    (optional when it has one task); safetensors holds the whole model.
     """
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    _check_task(model, fmt, task)
     out_dir = Path(out_dir)
     if any(p.device.type != "cpu" for p in model.parameters()):
         model = copy.deepcopy(model).cpu()     # export on the CPU; the caller's model stays where it is
     model = model.eval()
     with _staged(out_dir) as stage:
         result = _write(model, fmt, stage, model_name=model_name, problem_name=problem_name, exporter=exporter,
-                        graphs=graphs, source=source, log=log)
+                        graphs=graphs, source=source, task=task, log=log)
     result.out_dir = out_dir
     return result
 
 
+def _check_task(model: nn.Module, fmt: str, task: str | None) -> None:
+    """A clear error for ``task`` given to a one-problem model or a safetensors export, or left
+    out for a multi-problem model with several tasks."""
+    tasks = sorted(getattr(model, "task_specs", {})) if hasattr(model, "task_view") else []
+    if task is not None and not tasks:
+        raise ExportError(f"--task selects one problem of a multi-problem model; {type(model).__name__} "
+                          f"trains one problem")
+    if task is not None and fmt == "safetensors":
+        raise ExportError("--task applies to graph exports (onnx, openvino); a safetensors export holds "
+                          "the whole multi-problem model")
+    if task is None and len(tasks) > 1 and fmt != "safetensors":
+        raise ExportError(f"a multi-problem model exports the graphs of one task: pass --task "
+                          f"(one of {', '.join(tasks)})")
+
+
+def _graph_model(model: nn.Module, task: str | None) -> tuple[nn.Module, str | None]:
+    """The module whose graphs are written, and its task (multi-problem models only)."""
+    if not hasattr(model, "task_view"):
+        return model, None
+    name = task if task is not None else next(iter(model.task_specs))
+    return model.task_view(name), name
+
+
 def _write(model: nn.Module, fmt: str, out_dir: Path, *, model_name: str, problem_name: str, exporter: str,
-           graphs: Sequence[str], source: str, log: Callable[[str], None]) -> ExportResult:
+           graphs: Sequence[str], source: str, task: str | None, log: Callable[[str], None]) -> ExportResult:
     manifest = make_manifest(fmt, model, model_name=model_name, problem_name=problem_name, source=source)
     if fmt == "safetensors":
         save_safetensors(model, out_dir, manifest)
         return ExportResult(out_dir, fmt, [MANIFEST, "model.safetensors"])
-    model = inference_form(model)
+    model, task = _graph_model(inference_form(model), task)
+    if task is not None:
+        manifest["task"] = {"name": task, "spec": dataclasses.asdict(model.spec)}
     into = _onnx_into if fmt == "onnx" else _openvino_into
     files: list[str] = []
     exporters: list[str] = []
@@ -211,9 +240,10 @@ def load_for_export(output_dir: str | Path | None = None, checkpoint: str | Path
 
 
 def export_checkpoint(checkpoint: str | Path, fmt: str, out_dir: str | Path, *, exporter: str = "auto",
-                      graphs: Sequence[str] = GRAPHS, log: Callable[[str], None] = print) -> ExportResult:
+                      graphs: Sequence[str] = GRAPHS, task: str | None = None,
+                      log: Callable[[str], None] = print) -> ExportResult:
     """Export the model of a ``hotloop train`` checkpoint (no data is read or prepared)."""
     run = load_for_export(checkpoint=checkpoint)
     return export_model(run.model, fmt, out_dir, model_name=run.run_info["model"],
                         problem_name=run.run_info["problem"], exporter=exporter, graphs=graphs, source=str(checkpoint),
-                        log=log)
+                        task=task, log=log)

@@ -125,10 +125,10 @@ def _dynamo(module: nn.Module, args: tuple[Tensor, ...], sig: GraphSignature, pa
         axes = sig.dynamic_axes.get(name, {})
         shapes.append({axis: dims.setdefault(dim, torch.export.Dim(dim)) for axis, dim in axes.items()} or None)
     params = inspect.signature(module.forward).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):   # forward(a, b, *rest): rest is one tuple
-        fixed = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                    for p in params)
-        shapes = [*shapes[:fixed], tuple(shapes[fixed:])]
+    fixed = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                for p in params)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params) and len(shapes) > fixed:
+        shapes = [*shapes[:fixed], tuple(shapes[fixed:])]      # forward(a, b, *rest): rest is one tuple
     big = sum(p.numel() * p.element_size() for p in module.parameters()) > _LARGE_BYTES
     torch.onnx.export(module, args, str(path), dynamo=True, input_names=sig.inputs, output_names=sig.outputs,
                       dynamic_shapes=tuple(shapes), opset_version=opset, verbose=False, optimize=True,

@@ -160,19 +160,27 @@ class MultiModel(SequenceModel):
                                      f"run's ({', '.join(seq2seq) or 'none'})")
         return TaskDecoder(self, task)
 
+    def task_view(self, task_name: str) -> nn.Module:
+        """Task ``task_name`` as a one-problem model (:class:`~.multimodel_decoding.TaskView`)."""
+        from .multimodel_decoding import TaskView
+        if task_name not in self.task_specs:
+            raise ModelMismatchError(f"multimodel has no task {task_name!r}; this run's tasks: "
+                                     f"{', '.join(sorted(self.task_specs))}")
+        return TaskView(self, self.task_specs[task_name])
+
     def task_token(self, task: TaskSpec, batch_size: int) -> Tensor:
         """The task's learned vector, [B, 1, H]."""
         return self.task_tokens.weight[task.index].expand(batch_size, 1, -1)
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         task = self.task_specs[task_of(batch)]
-        inputs, targets = batch["inputs"], batch["targets"]
-        b = targets.shape[0]
+        inputs = batch["inputs"]
+        b = inputs.shape[0]
         kind, vocab = task.spec.task, _module_key(task.vocabulary)
         if kind == "seq2seq":
             embed = self.embeddings[vocab]
             src, src_pad = embed(inputs), inputs == PAD_ID                          # [B, S, H], [B, S]
-            tgt = embed(targets, prefix=self.task_token(task, b))                  # [B, T, H]
+            tgt = embed(batch["targets"], prefix=self.task_token(task, b))         # [B, T, H]
             return self.softmax[vocab](self.body(src, tgt, src_pad)), None         # [B, T, V]
         if kind == "lm":
             src = self.task_token(task, b)                                         # [B, 1, H]

@@ -6,16 +6,21 @@ incremental decoder (``start_decoding`` / ``decode_step``, see
 learned token, as in training (``TextBottom(..., prefix=task token)``), and each step
 re-runs the shared body over the prefix: ``[task, y1..yt]`` -> the logits of ``y(t+1)``.
 Greedy search, beam search, ``hotloop decode`` and BLEU then work on multi-problem runs.
+
+``MultiModel.task_view(task)`` returns a :class:`TaskView`: the model seen as the
+single-problem model of one task (that task's ``spec``, batches tagged with the task), which
+is what ``hotloop export --task`` writes as an ONNX / OpenVINO graph.
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from ..problems.base import PAD_ID
+from ..problems.base import PAD_ID, Batch
+from ..problems.mixing import tag_batch
 from .encoder_decoder import DecodeState
 from .multimodel import MultiModel, _module_key
 from .transformer import causal_mask
@@ -23,7 +28,7 @@ from .transformer import causal_mask
 if TYPE_CHECKING:
     from ..problems.multi_problem import TaskSpec
 
-__all__ = ["TaskDecoder"]
+__all__ = ["TaskDecoder", "TaskView"]
 
 
 class TaskDecoder(nn.Module):
@@ -62,3 +67,19 @@ class TaskDecoder(nn.Module):
         hidden = self.model.body.net.decoder(tgt, state.memory, tgt_mask=causal_mask(tgt.shape[1], tgt),
                                              memory_key_padding_mask=state.src_pad, tgt_is_causal=True)
         return self.top(hidden[:, -1]), replace(state, steps=state.steps + 1, prefix=prefix)   # [N, V]
+
+
+class TaskView(nn.Module):
+    """``model`` as the one-problem model of ``task``: ``spec`` is the task's, and each batch gets
+    the task's tag; stateless (a multimodel LM carries no state between batches)."""
+
+    def __init__(self, model: MultiModel, task: "TaskSpec") -> None:
+        super().__init__()
+        self.model, self.task = model, task
+        self.hp, self.spec = model.hp, task.spec
+
+    def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
+        return self.model(tag_batch(batch, self.task.name, self.task.index), state)
+
+    def initial_state(self, batch_size: int, device: torch.device) -> None:
+        return None
