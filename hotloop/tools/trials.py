@@ -70,10 +70,12 @@ class Trial:
         return statistics.median(self.step_times) if self.step_times else float("inf")
 
     def own_estimate(self, fallback: float) -> float:
-        """Seconds per step as seen so far: measured median, else the last warm-up step."""
+        """Seconds per step as seen so far: measured median, else the last warm-up step after the
+        first (the first carries one-time costs: kernel primitives, capture, compilation), else
+        ``fallback``."""
         if self.step_times:
             return self.median
-        return self.warmup_times[-1] if self.warmup_times else fallback
+        return self.warmup_times[-1] if len(self.warmup_times) > 1 else fallback
 
     @property
     def measured(self) -> bool:
@@ -189,7 +191,7 @@ class TrialRunner:
         """
         target = self.warmup + steps
         queue, live, done = list(pending), [], []
-        last_round, rounds = 0.0, 0
+        rounds = 0
         while True:
             est = self.typical_step([reference] + live + done)
             for cand in list(queue):                 # in priority order; a costly one does not block the rest
@@ -213,7 +215,10 @@ class TrialRunner:
             # keep room for the parity check of the winner, priced at the fastest step seen
             seen = [t.own_estimate(est) for t in live if t.step_times or t.warmup_times]
             fastest = min(seen) if seen else 0.0
-            if not live or budget.remaining() - reserve_steps * fastest < last_round:
+            # the next round priced at each member's own steady step (a round's wall time would
+            # count the one-time costs of first steps again)
+            next_round = sum(t.own_estimate(est) for t in live)
+            if not live or budget.remaining() - reserve_steps * fastest < next_round:
                 break
             most = max(len(t.step_times) for t in live)
             # candidates reaching MIN_MEASURED come first; the reference joins when that still fits
@@ -225,13 +230,11 @@ class TrialRunner:
             shift = rounds % len(members)
             members = members[shift:] + members[:shift]
             self.round, rounds = rounds, rounds + 1    # steps of one round are paired in the comparison
-            start = budget.elapsed()
             for trial in members:
                 if budget.remaining() <= 0:   # a round of slow first steps must not run past the cap
                     break
                 self.step(trial)
             self.round = -1
-            last_round = budget.elapsed() - start
         for trial in queue:
             trial.status = "skipped: does not fit the tuning budget"
         for trial in live:

@@ -1,0 +1,68 @@
+"""Interleaved trial rounds under a budget: a candidate's slow first step (capture, compilation,
+kernel primitives) is a one-time cost, not the price of every later round."""
+from __future__ import annotations
+
+from hotloop.engine.strategy import Strategy
+from hotloop.tools.trials import MIN_MEASURED, Budget, Trial, TrialRunner
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _SimulatedRunner(TrialRunner):
+    """Steps cost simulated seconds on a fake clock: ``first`` for a trial's first step, then ``steady``."""
+
+    def __init__(self, clock: _Clock, first: dict[str, float], steady: float) -> None:
+        self.clock, self.first, self.steady = clock, first, steady
+        self.warmup, self.round, self.step_calls = 2, -1, 0
+
+    def prepare(self, trial: Trial) -> bool:
+        trial.status, trial.runner = "ok", object()
+        return True
+
+    def step(self, trial: Trial) -> float:
+        seconds = self.first.get(trial.label, self.steady) if trial.steps_run == 0 else self.steady
+        self.clock.now += seconds
+        self.step_calls += 1
+        trial.losses.append(1.0)
+        if trial.steps_run >= self.warmup:
+            trial.step_times.append(seconds)
+            trial.step_rounds.append(self.round)
+        else:
+            trial.warmup_times.append(seconds)
+        trial.steps_run += 1
+        return seconds
+
+
+def test_candidates_with_slow_first_steps_are_all_measured_when_the_steady_rounds_fit() -> None:
+    """Six capturing candidates (2.5 s first step, 60 ms after) and five cheap ones, 27 s: the
+    first round takes about 15 s, and every later round about 0.7 s, so all of them are timed."""
+    clock = _Clock()
+    capturing = [Trial(f"graph {i}", Strategy(backend="graph"), "test", compile_cost=2.0) for i in range(6)]
+    cheap = [Trial(f"cheap {i}", Strategy(), "test") for i in range(5)]
+    runner = _SimulatedRunner(clock, {t.label: 2.5 for t in capturing}, steady=0.06)
+    reference = Trial("eager", Strategy(), "reference")
+    runner.prepare(reference)
+    for _ in range(4):
+        runner.step(reference)
+    out = runner.run_candidates(capturing + cheap, reference, 10, Budget(27.0, clock=clock), reserve_steps=6)
+    assert all(t.status == "ok" for t in out), [t.status for t in out]
+    assert all(len(t.step_times) >= MIN_MEASURED for t in out)
+    assert clock.now <= 27.0 + 0.06 + 1e-9        # a step is never cut: at most one step past the cap
+
+
+def test_rounds_stop_before_the_budget_when_steady_steps_are_slow() -> None:
+    clock = _Clock()
+    slow = [Trial(f"slow {i}", Strategy(), "test") for i in range(3)]
+    runner = _SimulatedRunner(clock, {}, steady=1.0)
+    reference = Trial("eager", Strategy(), "reference")
+    runner.prepare(reference)
+    runner.step(reference)
+    out = runner.run_candidates(slow, reference, 10, Budget(8.0, clock=clock))
+    assert clock.now <= 8.0 + 1.0
+    assert any(t.status.startswith("incomplete") for t in out)
