@@ -54,6 +54,14 @@ CONFIGS: dict[str, tuple[str, str]] = {
     "lstm_seq2seq": ("algorithmic_reverse", "lstm_seq2seq_algorithmic"),
     "conv_net": ("image_synthetic", "conv_net_base"),
     "lstm_lm": ("ptb_lm", "lstm_lm_small"),
+    "multimodel": ("algorithmic_copy,algorithmic_reverse", "multimodel_tiny"),
+    # the zoo's small sets (benchmarks/zoo.py); bert_tiny, mask_rcnn_tiny keep the grid affordable
+    "se_resnext50": ("image_mnist", "se_resnext_small"),
+    "deeplabv3plus": ("segment_shapes", "deeplabv3plus_small"),
+    "cyclegan": ("shapes_unpaired", "cyclegan_small"),
+    "bert": ("bert_pretrain_ptb", "bert_tiny"),
+    "yolov3": ("detection_shapes", "yolov3_shapes"),
+    "mask_rcnn": ("detection_shapes", "mask_rcnn_tiny"),
 }
 COMPUTE_FIELDS = ("fused_optimizer", "intra_op_threads", "precision", "backend", "channels_last",
                   "executor", "graph_passes", "inplace", "onednn")
