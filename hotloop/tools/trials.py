@@ -154,6 +154,11 @@ class TrialRunner:
             trial.status = f"fell back to eager: {fallback}"
             trial.runner = None
             return seconds
+        self.record(trial, loss, seconds)
+        return seconds
+
+    def record(self, trial: Trial, loss: float, seconds: float) -> None:
+        """File one finished step of ``trial``: a warm-up step, or a measured one of this round."""
         trial.losses.append(loss)
         if trial.steps_run >= (self.warmup if trial.warmup is None else trial.warmup):
             trial.step_times.append(seconds)
@@ -161,7 +166,6 @@ class TrialRunner:
         else:
             trial.warmup_times.append(seconds)
         trial.steps_run += 1
-        return seconds
 
     def typical_step(self, trials: Sequence[Trial]) -> float:
         """Median of the measured candidates' median step times (the cost model for admission)."""

@@ -29,13 +29,7 @@ class _SimulatedRunner(TrialRunner):
         seconds = self.first.get(trial.label, self.steady) if trial.steps_run == 0 else self.steady
         self.clock.now += seconds
         self.step_calls += 1
-        trial.losses.append(1.0)
-        if trial.steps_run >= self.warmup:
-            trial.step_times.append(seconds)
-            trial.step_rounds.append(self.round)
-        else:
-            trial.warmup_times.append(seconds)
-        trial.steps_run += 1
+        self.record(trial, 1.0, seconds)      # filed as the real runner files a step
         return seconds
 
 
