@@ -11,6 +11,11 @@ previous cumulative rung but not carried forward.
 
 After the timed rounds every rung's model is evaluated in fp32 (full logits)
 on the same validation batches: ``ppl`` shows quality is unchanged.
+
+The host-memory setting of ``build_step`` (:mod:`hotloop.engine.host_memory`) is
+process-wide: once the default's step is built, every rung has it, the plain
+loop included, so the ladder understates hotloop against a plain loop in its own
+process (``benchmarks/host_memory.py`` measures the setting alone).
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from hotloop.builtin import declare_builtins
+from hotloop.engine.clipping import clip_via_lr
+from hotloop.engine.host_memory import keep_freed_memory
 from hotloop.engine.step import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams, get_hparams
@@ -35,7 +42,8 @@ __all__ = ["Rung", "ladder_rungs", "run_ladder", "main"]
 
 CONFIGS = {"small": "lstm_lm_small", "medium": "lstm_lm_medium", "large": "lstm_lm_large",
            "example": "lstm_lm_example"}
-PLAIN = {"lstm_impl": "fused", "lstm_gemm_dtype": "fp32", "fused_ce": False, "ce_gemm_dtype": "fp32"}
+PLAIN = {"lstm_impl": "fused", "lstm_gemm_dtype": "fp32", "fused_ce": False, "ce_gemm_dtype": "fp32",
+         "dropout_masks": "bernoulli", "clip_via_lr": False}
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class Rung:
     fused_kernel_ce: bool = False     # time-major logits + F.cross_entropy (one kernel)
     precision: str = "fp32"           # autocast dtype for the whole forward
     model_loss: bool = False          # use model.loss (the hparams' formulation) instead
+    clip_via_lr: bool = False         # clip factor folded into the SGD step (hotloop.engine.clipping)
     model_changes: dict[str, Any] = field(default_factory=dict)
     compile: bool = False             # torch.compile the model's loss (inductor)
     strategy: Strategy | None = None  # hotloop default: build_step with this strategy
@@ -79,7 +88,10 @@ def ladder_rungs(threads: int, default_strategy: Strategy | None, with_compile: 
     r11 = replace(r9, name="11 alt: 9 + hand-written BPTT LSTM, bf16 GEMMs", cumulative=False,
                   model_changes={**PLAIN, "fused_ce": True, "ce_gemm_dtype": "bf16", "lstm_impl": "bptt",
                                  "lstm_gemm_dtype": "bf16"})
-    rungs = [r0, r1, r2, r3, r4, r5, r6, r7, r8, r8h, r8u, r9, r10, r11]
+    r13 = replace(r9, name="13 dropout masks from 16-bit draws (bits16)",
+                  model_changes={**r9.model_changes, "dropout_masks": "bits16"})
+    r14 = replace(r13, name="14 clip factor folded into the SGD step", clip_via_lr=True)
+    rungs = [r0, r1, r2, r3, r4, r5, r6, r7, r8, r8h, r8u, r9, r10, r11, r13, r14]
     if with_compile:
         rungs.append(replace(r9, name="12 alt: torch.compile (inductor) of the loss", compile=True,
                              cumulative=False))
@@ -167,8 +179,11 @@ class RungRunner:
                 denom = batch["targets"].shape[0] if hp.loss_sum_over_time else batch["targets"].numel()
                 loss = nll / denom
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, hp.max_grad_norm, foreach=rung.foreach)
-        self.optimizer.step()
+        if rung.clip_via_lr:
+            clip_via_lr(self.optimizer, self.params, hp.max_grad_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.params, hp.max_grad_norm, foreach=rung.foreach)
+            self.optimizer.step()
         self.state = _detach(self.state)
         self.tokens += batch["targets"].numel()
         if rung.sync_every_step:
@@ -289,7 +304,7 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
             "strategy": strategy.to_dict(), "strategy_source": how, "strategy_tune_s": tune_s,
             "profile_last_rung": profile_table, "rows": rows, "best_speedup": max(r["speedup"] for r in rows),
             "default_speedup": rows[-1]["speedup"] if default_ms is not None else None,
-            **_machine(), "gemm_floor_ms": floor["floor_ms"], "gemm_floor": floor,
+            **_machine(), "host_memory": keep_freed_memory(), "gemm_floor_ms": floor["floor_ms"], "gemm_floor": floor,
             "floor_ratio": default_ms / floor["floor_ms"] if default_ms is not None else None}
 
 
@@ -336,7 +351,8 @@ def main(argv: list[str] | None = None) -> None:
     result = run_ladder(args.config, args.steps, args.rounds, args.warmup_rounds, args.threads,
                         args.eval_batches, args.strategy, args.compile, args.only, args.extra_strategy,
                         args.profile_steps)
-    print(f"\nconfig {result['config']}: {result['timed_steps_per_rung']} timed steps/rung, "
+    print(f"\n{result['host_memory']} (process-wide: every rung, the plain loop included)")
+    print(f"config {result['config']}: {result['timed_steps_per_rung']} timed steps/rung, "
           f"default threads {result['default_threads']}; {result['cpu']}, AMX {'present' if result['amx'] else 'absent'}")
     print(f"{'rung':58s} {'tok/s':>8s} {'ms/step':>8s} {'speedup':>8s} {'ppl':>8s}")
     for row in result["rows"]:

@@ -50,6 +50,7 @@ class HParams:
     lr_decay: float = 1.0          # multiplicative decay factor used by decay schedules
     lr_decay_start_epoch: int = 0  # epoch after which step/epoch decay starts
     max_grad_norm: float = 0.0     # clip by global norm; 0 disables
+    clip_via_lr: bool = False      # plain SGD on CPU: clip by scaling the step's lr, not the gradients
     accum_steps: int = 1           # gradient accumulation micro-steps per optimizer step
     max_epochs: int = 0            # 0 = unbounded (use max_steps)
     max_steps: int = 0             # 0 = unbounded (use max_epochs)

@@ -21,6 +21,8 @@ from ..hparams import HParams
 from ..models.base import LossOutput
 from ..optim import build_optimizer, sparse_gradient_modules
 from ..problems.base import Batch
+from .clipping import clip_grad_norm, clip_via_lr, clip_via_lr_unavailable
+from .host_memory import keep_freed_memory
 from .strategy import Strategy, StrategyError, validate_for_model
 
 __all__ = ["BuiltStep", "build_step", "OptimizerFactory", "WrapFn", "LossFn", "PhaseHook", "StepResult",
@@ -99,7 +101,8 @@ class TrainStep:
     def __init__(self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer,
                  strategy: Strategy, *, max_grad_norm: float = 0.0,
                  grad_scaler: "torch.amp.GradScaler | None" = None,
-                 no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
+                 no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 clip_via_lr: bool = False) -> None:
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -112,6 +115,12 @@ class TrainStep:
         self.fallback_reason: str | None = None
         self.report: list[str] = []
         self.phase: PhaseHook = _no_phase
+        self.clip_via_lr = False
+        if clip_via_lr and max_grad_norm > 0 and grad_scaler is None:
+            unavailable = clip_via_lr_unavailable(optimizer, self.device)
+            self.clip_via_lr = unavailable is None
+            self.report.append("clip: folded into the SGD learning rate" if unavailable is None
+                               else f"clip: not folded into the learning rate ({unavailable})")
 
     def micro_loss_fn(self, n: int) -> LossFn:
         """The loss function for a step of ``n`` micro-batches."""
@@ -157,6 +166,10 @@ class TrainStep:
     def finish_step(self) -> Tensor | None:
         """Clip, update and zero the gradients; return the pre-clip norm (when clipping)."""
         with self.phase("optimizer"):
+            if self.clip_via_lr:
+                grad_norm = clip_via_lr(self.optimizer, self.params, self.max_grad_norm)
+                self.optimizer.zero_grad(set_to_none=True)
+                return grad_norm
             grad_norm = self._clip()
             if self.grad_scaler is not None:
                 self.grad_scaler.step(self.optimizer)
@@ -172,23 +185,6 @@ class TrainStep:
         if self.grad_scaler is not None:
             self.grad_scaler.unscale_(self.optimizer)
         return clip_grad_norm(self.params, self.max_grad_norm)
-
-
-def clip_grad_norm(params: Sequence[Tensor], max_norm: float) -> Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` (foreach), bitwise, minus a no-op pass on the host.
-
-    torch always multiplies every gradient by ``min(1, max_norm / norm)`` so that no
-    device sync is needed. When the gradients live in host memory, reading that
-    coefficient costs nothing, and when it is exactly 1 the multiply (one full read
-    and write of every gradient) is skipped: multiplying by 1.0 is the identity.
-    """
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-    on_host = all(g.device.type == "cpu" for g in grads)
-    if on_host and bool(torch.clamp(max_norm / (total + 1e-6), max=1.0) == 1.0):
-        return total
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
-    return total
 
 
 def _channels_last_inputs(loss_fn: LossFn) -> LossFn:
@@ -277,12 +273,15 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     device = params[0].device if params else torch.device("cpu")
     strategy.validate(device)
     validate_for_model(strategy, model)
+    memory_note = keep_freed_memory()          # process-wide, once: steps stop page-faulting
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # before the optimizer: parameters keep identity
     from .program import model_phases
     phases = model_phases(model) if loss_fn is None else None
     if phases:
-        return _build_program(model, hp, strategy, phases, optimizer, wrap, max_grad_norm, device)
+        built = _build_program(model, hp, strategy, phases, optimizer, wrap, max_grad_norm, device)
+        built.step.report.append(memory_note)
+        return built
     if optimizer is not None:
         opt = optimizer(params, strategy.fused_optimizer)
     else:
@@ -293,7 +292,8 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     train_model, opt, no_sync = wrap(model, opt) if wrap is not None else (model, opt, None)
     clip = hp.max_grad_norm if max_grad_norm is None else max_grad_norm
     step = compile_step(train_model, loss_fn, opt, strategy, max_grad_norm=clip, grad_scaler=scaler,
-                        no_sync=no_sync)
+                        no_sync=no_sync, clip_via_lr=hp.clip_via_lr)
+    step.report.append(memory_note)
     return BuiltStep(step, opt, train_model, scaler)
 
 

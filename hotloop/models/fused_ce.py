@@ -139,10 +139,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_total: Tensor):  # type: ignore[override]
+        # Scaled in place: a fresh [V, H] result would cost an allocation and its page faults
+        # every step. A second backward through the same graph (retain_graph) is refused by
+        # autograd's version check on the saved tensors, never answered with twice-scaled values.
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         scale = grad_total
-        gb = grad_bias * scale if ctx.has_bias else None
-        return grad_hidden * scale, grad_weight * scale, gb, None, None, None, None, None
+        gb = grad_bias.mul_(scale) if ctx.has_bias else None
+        return grad_hidden.mul_(scale), grad_weight.mul_(scale), gb, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *,

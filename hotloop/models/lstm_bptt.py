@@ -10,7 +10,8 @@ built per step, so per-step cost is the GEMM plus ~20 elementwise kernels.
 ``gemm_dtype=torch.bfloat16`` feeds the GEMMs bf16 operands (fp32
 accumulation); gates, cell state, outputs and all gradients stay fp32. On
 CPUs with AVX512-BF16 this halves the weight traffic of the per-step GEMMs,
-which are memory-bound for large hidden sizes.
+which are memory-bound for large hidden sizes. The bf16 copies of the weights
+are made once per step in forward and reused by backward.
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ class _LSTMLayer(torch.autograd.Function):
         # x [T, B, I]; h0, c0 [B, H]; w_ih [4H, I]; w_hh [4H, H]; biases [4H]
         steps, batch, _ = x.shape
         hidden = h0.shape[1]
-        w_hh_t = _low(w_hh, gemm_dtype).t()                                     # [H, 4H]
-        gates = _mm(x.reshape(steps * batch, -1), w_ih.t(), gemm_dtype)         # [T*B, 4H]
+        w_ih_low, w_hh_low = _low(w_ih, gemm_dtype), _low(w_hh, gemm_dtype)      # cast once per step
+        w_hh_t = w_hh_low.t()                                                   # [H, 4H]
+        gates = _mm(x.reshape(steps * batch, -1), w_ih_low.t(), gemm_dtype)     # [T*B, 4H]
         gates = gates.add_(b_ih).add_(b_hh).view(steps, batch, 4 * hidden)    # pre-activations
         cells = x.new_empty(steps, batch, hidden)                               # c_t
         tanh_cells = x.new_empty(steps, batch, hidden)                          # tanh(c_t)
@@ -56,17 +58,16 @@ class _LSTMLayer(torch.autograd.Function):
             c = torch.addcmul(f * c, i, g, out=cells[t])
             torch.tanh(c, out=tanh_cells[t])
             h = torch.mul(o, tanh_cells[t], out=out[t])
-        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, gates, cells, tanh_cells, out)
+        ctx.save_for_backward(x, h0, c0, w_ih_low, w_hh_low, gates, cells, tanh_cells, out)
         ctx.gemm_dtype = gemm_dtype
         return out, h.clone(), c.clone()
 
     @staticmethod
     def backward(ctx, d_out: Tensor, d_h_last: Tensor, d_c_last: Tensor):  # type: ignore[override]
-        x, h0, c0, w_ih, w_hh, gates, cells, tanh_cells, out = ctx.saved_tensors
-        dtype = ctx.gemm_dtype
+        x, h0, c0, w_ih_low, w_hh_low, gates, cells, tanh_cells, out = ctx.saved_tensors
+        dtype = ctx.gemm_dtype                                                  # weights: [4H, I], [4H, H]
         steps, batch, _ = x.shape
         hidden = h0.shape[1]
-        w_hh_low = _low(w_hh, dtype)                                            # [4H, H]
         d_gates = torch.empty_like(gates)                                       # [T, B, 4H]
         d_h_next = d_h_last if d_h_last is not None else h0.new_zeros(h0.shape)   # into h_t from t+1
         d_c = d_c_last.clone() if d_c_last is not None else c0.new_zeros(c0.shape)
@@ -85,7 +86,7 @@ class _LSTMLayer(torch.autograd.Function):
             d_h_next = torch.mm(_low(d_gates[t], dtype), w_hh_low)             # to h_{t-1} (gemm dtype)
         flat = d_gates.view(steps * batch, 4 * hidden)                          # [T*B, 4H]
         flat_low = _low(flat, dtype)
-        d_x = _mm(flat_low, w_ih, dtype).view(x.shape)                          # [T, B, I]
+        d_x = _mm(flat_low, w_ih_low, dtype).view(x.shape)                      # [T, B, I]
         d_w_ih = _mm(flat_low.t(), x.reshape(steps * batch, -1), dtype)         # [4H, I]
         h_prev = torch.cat([h0[None], out[:-1]]).view(steps * batch, hidden)    # [T*B, H]
         d_w_hh = _mm(flat_low.t(), h_prev, dtype)                               # [4H, H]

@@ -15,7 +15,10 @@ Every formulation reads the parameters of one ``nn.LSTM`` (gate order i, f, g, o
 
 All functions map ``x [T, B, I]`` and ``(h0, c0)`` each ``[L, B, H]`` to
 ``(y [T, B, H], (hT, cT))``; dropout (if any) is applied between layers only,
-never on the recurrent connection.
+never on the recurrent connection. ``dropout_masks`` picks how its masks are
+drawn (:mod:`hotloop.ops.dropout`); with ``bits16`` the ``fused`` formulation
+runs ``nn.LSTM``'s kernel one layer at a time so the masks between layers are
+its own.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..ops.dropout import dropout as apply_dropout
 from .lstm_bptt import lstm_layer_bptt
 
 __all__ = ["LSTM_IMPLS", "LSTMState", "run_lstm", "LSTMImplError"]
@@ -49,20 +53,29 @@ def _cell_update(gates: Tensor, c: Tensor) -> LSTMState:
     return h, c
 
 
+def _fused_layer(rnn: nn.LSTM, layer: int, x: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Layer ``layer`` of ``rnn`` through the same kernel ``nn.LSTM`` runs (``_VF.lstm``)."""
+    y, h_n, c_n = torch._VF.lstm(x, (h[None], c[None]), list(_layer_params(rnn, layer)),  # type: ignore[attr-defined]
+                                 True, 1, 0.0, rnn.training, False, False)
+    return y, h_n[0], c_n[0]
+
+
 def _fused(rnn: nn.LSTM, x: Tensor, state: LSTMState, dropout: float, training: bool,
-           gemm_dtype: torch.dtype | None = None) -> tuple[Tensor, LSTMState]:
+           gemm_dtype: torch.dtype | None = None, masks: str = "bernoulli") -> tuple[Tensor, LSTMState]:
+    if masks != "bernoulli" and dropout > 0 and training and rnn.num_layers > 1:
+        return _stack(_fused_layer, rnn, x, state, dropout, training, masks)
     y, (h, c) = rnn(x, state)
     return y, (h, c)
 
 
 def _stack(layer_fn: Callable[[nn.LSTM, int, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
-           rnn: nn.LSTM, x: Tensor, state: LSTMState, dropout: float, training: bool
-           ) -> tuple[Tensor, LSTMState]:
+           rnn: nn.LSTM, x: Tensor, state: LSTMState, dropout: float, training: bool,
+           masks: str = "bernoulli") -> tuple[Tensor, LSTMState]:
     h0, c0 = state
     hs, cs = [], []
     for layer in range(rnn.num_layers):
         if layer > 0 and dropout > 0:
-            x = F.dropout(x, dropout, training)
+            x = apply_dropout(x, dropout, training, masks)
         x, h, c = layer_fn(rnn, layer, x, h0[layer], c0[layer])
         hs.append(h)
         cs.append(c)
@@ -93,18 +106,18 @@ def _hoisted_layer(rnn: nn.LSTM, layer: int, x: Tensor, h: Tensor, c: Tensor
     return torch.stack(outputs), h, c                                   # [T, B, H]
 
 
-def _unrolled(rnn, x, state, dropout, training, gemm_dtype=None):
-    return _stack(_unrolled_layer, rnn, x, state, dropout, training)
+def _unrolled(rnn, x, state, dropout, training, gemm_dtype=None, masks="bernoulli"):
+    return _stack(_unrolled_layer, rnn, x, state, dropout, training, masks)
 
 
-def _hoisted(rnn, x, state, dropout, training, gemm_dtype=None):
-    return _stack(_hoisted_layer, rnn, x, state, dropout, training)
+def _hoisted(rnn, x, state, dropout, training, gemm_dtype=None, masks="bernoulli"):
+    return _stack(_hoisted_layer, rnn, x, state, dropout, training, masks)
 
 
-def _bptt(rnn, x, state, dropout, training, gemm_dtype=None):
+def _bptt(rnn, x, state, dropout, training, gemm_dtype=None, masks="bernoulli"):
     def layer_fn(rnn: nn.LSTM, layer: int, x: Tensor, h: Tensor, c: Tensor):
         return lstm_layer_bptt(x, h, c, *_layer_params(rnn, layer), gemm_dtype=gemm_dtype)
-    return _stack(layer_fn, rnn, x, state, dropout, training)
+    return _stack(layer_fn, rnn, x, state, dropout, training, masks)
 
 
 LSTM_IMPLS: dict[str, Callable[..., tuple[Tensor, LSTMState]]] = {
@@ -113,14 +126,16 @@ LSTM_IMPLS: dict[str, Callable[..., tuple[Tensor, LSTMState]]] = {
 
 
 def run_lstm(impl: str, rnn: nn.LSTM, x: Tensor, state: LSTMState, *, dropout: float = 0.0,
-             training: bool = False, gemm_dtype: torch.dtype | None = None) -> tuple[Tensor, LSTMState]:
+             training: bool = False, gemm_dtype: torch.dtype | None = None,
+             dropout_masks: str = "bernoulli") -> tuple[Tensor, LSTMState]:
     """Run the stacked LSTM ``rnn`` on ``x [T, B, I]`` with formulation ``impl``.
 
     ``gemm_dtype`` (bf16 GEMM operands) is honoured by ``bptt`` only; the other
-    formulations ignore it (``LSTMLM`` rejects the combination).
+    formulations ignore it (``LSTMLM`` rejects the combination). ``dropout_masks``
+    ("bernoulli" | "bits16") draws the masks between layers.
     """
     try:
         fn = LSTM_IMPLS[impl]
     except KeyError:
         raise LSTMImplError(f"unknown lstm_impl {impl!r}; choose one of {sorted(LSTM_IMPLS)}") from None
-    return fn(rnn, x, state, dropout, training, gemm_dtype)
+    return fn(rnn, x, state, dropout, training, gemm_dtype, dropout_masks)

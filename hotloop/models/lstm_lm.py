@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..hparams import HParams
 from ..problems.base import Batch, ProblemSpec
 from ..registry import hparams_sets, models
 from .base import LossOutput, SequenceModel, count, token_stats
+from ..ops.dropout import DROPOUT_MASKS, DropoutMaskError
+from ..ops.dropout import dropout as apply_dropout
 from .fused_ce import linear_cross_entropy
 from .lstm_cells import LSTM_IMPLS, LSTMImplError, LSTMState, run_lstm
 
@@ -39,6 +40,7 @@ class LSTMLMHParams(HParams):
     ce_gemm_dtype: str = "fp32"       # "fp32" | "bf16": operand dtype of the fused_ce GEMMs
     loss_sum_over_time: bool = True   # loss = NLL summed over time, mean over batch
     tie_embeddings: bool = False
+    dropout_masks: str = "bernoulli"  # "bernoulli" (F.dropout) | "bits16" (hotloop.ops.dropout)
 
 
 _GEMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
@@ -60,6 +62,8 @@ class LSTMLM(SequenceModel):
         for field, value in (("ce_gemm_dtype", hp.ce_gemm_dtype), ("lstm_gemm_dtype", hp.lstm_gemm_dtype)):
             if value not in _GEMM_DTYPES:
                 raise ValueError(f"unknown {field} {value!r}; choose one of {list(_GEMM_DTYPES)}")
+        if hp.dropout_masks not in DROPOUT_MASKS:
+            raise DropoutMaskError(f"unknown dropout_masks {hp.dropout_masks!r}; choose one of {list(DROPOUT_MASKS)}")
         if hp.lstm_gemm_dtype != "fp32" and impl != "bptt":
             raise ValueError(f"lstm_gemm_dtype={hp.lstm_gemm_dtype} needs lstm_impl=bptt (got lstm_impl={impl}); "
                              f"for nn.LSTM use the strategy's precision=bf16 instead")
@@ -92,11 +96,11 @@ class LSTMLM(SequenceModel):
         """inputs [B, T] -> top-layer outputs [T, B, H] (after output dropout), new state."""
         batch = inputs.shape[0]
         state = self._state_or_zeros(state, batch, inputs.device)
-        drop = self.hp.dropout
-        x = F.dropout(self.embedding(inputs.t()), drop, self.training)   # [T, B, H]
+        drop, masks = self.hp.dropout, self.hp.dropout_masks
+        x = apply_dropout(self.embedding(inputs.t()), drop, self.training, masks)   # [T, B, H]
         y, new_state = run_lstm(self.hp.lstm_impl, self.rnn, x, state, dropout=drop, training=self.training,
-                                gemm_dtype=self._gemm_dtype(self.hp.lstm_gemm_dtype))
-        return F.dropout(y, drop, self.training), new_state              # [T, B, H]
+                                gemm_dtype=self._gemm_dtype(self.hp.lstm_gemm_dtype), dropout_masks=masks)
+        return apply_dropout(y, drop, self.training, masks), new_state              # [T, B, H]
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, LSTMState]:
         y, new_state = self.hidden_states(batch["inputs"], state)
@@ -138,8 +142,11 @@ class LSTMLM(SequenceModel):
 # accumulation, loss and gradients) everywhere; for the LSTM, oneDNN's nn.LSTM at
 # hidden 200 (per-step overhead dominates) and the hand-written BPTT with bf16 GEMM
 # operands from hidden 650 up (the per-step GEMM is weight-bandwidth bound).
+# Dropout masks from 16-bit draws (a quarter of bernoulli_'s generator calls) and the
+# clip factor folded into the plain-SGD step (one pass less over every gradient).
 # Use ce_gemm_dtype=fp32 (and lstm_gemm_dtype=fp32) for fp32 math.
-FASTEST = {"lstm_impl": "fused", "fused_ce": True, "ce_gemm_dtype": "bf16"}
+FASTEST = {"lstm_impl": "fused", "fused_ce": True, "ce_gemm_dtype": "bf16", "dropout_masks": "bits16",
+           "clip_via_lr": True}
 FASTEST_WIDE = {**FASTEST, "lstm_impl": "bptt", "lstm_gemm_dtype": "bf16"}
 
 

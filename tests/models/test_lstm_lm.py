@@ -264,7 +264,7 @@ def test_paper_hparams() -> None:
         assert (hp.num_layers, hp.batch_size, hp.learning_rate, hp.optimizer, hp.lr_schedule) == \
                (2, 20, 1.0, "sgd", "epoch_decay")
         assert hp.loss_sum_over_time
-        assert (hp.fused_ce, hp.ce_gemm_dtype) == (True, "bf16")
+        assert (hp.fused_ce, hp.ce_gemm_dtype, hp.dropout_masks, hp.clip_via_lr) == (True, "bf16", "bits16", True)
         # oneDNN's nn.LSTM at hidden 200; the hand-written BPTT with bf16 GEMMs when wider
         assert (hp.lstm_impl, hp.lstm_gemm_dtype) == (("fused", "fp32") if hidden == 200 else ("bptt", "bf16"))
     example = get_hparams("lstm_lm_example")
