@@ -14,7 +14,9 @@ Two paths compute the same function:
 - bf16 operands (``gemm_dtype=torch.bfloat16``): the bias rides in the GEMM as
   an extra column (``[W | b]`` against ``[h | 1]``), so one GEMM gives logits
   with bias, and one GEMM gives both the weight and the bias gradient. The
-  softmax reads and writes bf16 (accumulating in fp32). Blocks of up to
+  softmax runs in place on the logits (ATen's last-dimension kernel: one
+  pass for the max, one exponentiating pass that also sums in fp32, one
+  scaling pass), reading and writing bf16. Blocks of up to
   ``chunk_rows`` rows keep their bf16 probabilities, so the two gradient
   GEMMs run once per block instead of once per small chunk.
 """
@@ -94,7 +96,8 @@ def _low_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tens
         stop = min(start + block_rows, n)
         h = h_low[start:stop]                                              # [n, H(+1)]
         tgt = targets[start:stop]                                          # [n]
-        probs = torch.softmax(torch.mm(h, w_low.t()), dim=1)               # [n, V] low precision
+        probs = torch.mm(h, w_low.t())                                     # [n, V] logits, low precision
+        torch.ops.aten._softmax.out(probs, 1, False, out=probs)            # in place: one exp pass
         valid = tgt != ignore_index if ignore_index >= 0 else None
         at_target = (torch.arange(stop - start, device=tgt.device),
                      tgt.clamp(min=0) if valid is not None else tgt)       # index, not scatter:
