@@ -226,7 +226,7 @@ def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.opti
     executor (``GraphTrainStep``). ``"inductor"``: the loss is ``torch.compile``d.
     Both capture backends fall back to eager, recording why in ``step.fallback_reason``.
     """
-    changes = wire_fused_optimizer(optimizer, strategy.fused_optimizer)
+    changes = wire_fused_optimizer(optimizer, strategy.fused_optimizer) + [keep_freed_memory()]
     loss_fn = loss_fn or default_loss_fn
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # parameters keep their identity
@@ -273,15 +273,13 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     device = params[0].device if params else torch.device("cpu")
     strategy.validate(device)
     validate_for_model(strategy, model)
-    memory_note = keep_freed_memory()          # process-wide, once: steps stop page-faulting
+    keep_freed_memory()                        # process-wide, once: steps stop page-faulting
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # before the optimizer: parameters keep identity
     from .program import model_phases
     phases = model_phases(model) if loss_fn is None else None
     if phases:
-        built = _build_program(model, hp, strategy, phases, optimizer, wrap, max_grad_norm, device)
-        built.step.report.append(memory_note)
-        return built
+        return _build_program(model, hp, strategy, phases, optimizer, wrap, max_grad_norm, device)
     if optimizer is not None:
         opt = optimizer(params, strategy.fused_optimizer)
     else:
@@ -293,7 +291,6 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     clip = hp.max_grad_norm if max_grad_norm is None else max_grad_norm
     step = compile_step(train_model, loss_fn, opt, strategy, max_grad_norm=clip, grad_scaler=scaler,
                         no_sync=no_sync, clip_via_lr=hp.clip_via_lr)
-    step.report.append(memory_note)
     return BuiltStep(step, opt, train_model, scaler)
 
 
@@ -309,6 +306,7 @@ def _build_program(model: nn.Module, hp: HParams, strategy: Strategy, phases: li
     optimizers = {p.name: optimizer(list(p.parameters), fused) if optimizer is not None
                   else build_optimizer(p.parameters, hp, fused=fused) for p in phases}
     report = [line for opt in optimizers.values() for line in wire_fused_optimizer(opt, fused)]
+    report.append(keep_freed_memory())
     if strategy.channels_last:
         phases = [Phase(p.name, _channels_last_inputs(p.loss_fn), p.parameters) for p in phases]
         report.append("layout: model and 4-D float inputs converted to channels_last")

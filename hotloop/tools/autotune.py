@@ -168,7 +168,10 @@ def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], t
 def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain: float
             ) -> Trial:
     """The fastest candidate that is significantly faster than eager (see
-    :mod:`hotloop.tools.significance`) and passes both parity checks; else eager."""
+    :mod:`hotloop.tools.significance`) and passes both parity checks; else eager.
+
+    Candidates are judged fastest first and judging stops at the first that passes: a
+    slower candidate never costs a chaos floor or a parity check (steps past the budget)."""
     baseline.parity = "reference"
     floors: dict[tuple[int, str], float] = {}
 
@@ -187,13 +190,17 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
             continue
         comparison = compare_paired(t.step_times, t.step_rounds, baseline.step_times, baseline.step_rounds)
         t.comparison = comparison.describe()
-        wins = len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain)
         tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
-        # the chaos floor is only worth its steps for a candidate that would win on time
-        ok, t.parity = judge_trajectory(t, baseline, tol, floor_for(t) if wins else None)
-        if ok and wins:
+        if len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain):
             faster.append((comparison.ratio, t))
+            t.parity = "not judged: a faster candidate passed"
+        else:   # not a switch on time: the plain tolerance is reported, no floor is measured
+            t.parity = judge_trajectory(t, baseline, tol, None)[1]
     for _, t in sorted(faster, key=lambda pair: pair[0]):
+        tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
+        ok, t.parity = judge_trajectory(t, baseline, tol, floor_for(t))
+        if not ok:
+            continue
         ok, verdict = _engine_parity(runner.pristine, runner.hp, runner.batches, t, runner.device,
                                      floor_for(t))
         runner.step_calls += 2 * PARITY_STEPS
