@@ -9,6 +9,10 @@ previous cumulative rung but not carried forward.
 
     PYTHONPATH=. python benchmarks/lstm_ladder.py --config small --steps 120 --json /tmp/ladder.json
 
+Each timed round also times the step's GEMMs alone (``benchmarks/lstm_floor.py``, fp32
+and bf16 operands), so the GEMM floor sees the same machine state as the rungs;
+``floor_ratio`` is the default's median step over the floor's median.
+
 After the timed rounds every rung's model is evaluated in fp32 (full logits)
 on the same validation batches: ``ppl`` shows quality is unchanged.
 
@@ -263,6 +267,7 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
     runners = [RungRunner(r, hp, problem, default_threads) for r in rungs]
     per_round = max(1, steps // rounds)
     times: list[list[float]] = [[] for _ in runners]
+    floors: list[dict[str, float]] = []
     for rnd in range(warmup_rounds + rounds):
         order = runners if rnd % 2 == 0 else list(reversed(runners))  # alternate order
         for runner in order:
@@ -275,6 +280,8 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
                 runner.run(per_round)
             if rnd >= warmup_rounds:
                 times[runners.index(runner)].append((time.perf_counter() - t0) / per_round)
+        if rnd >= warmup_rounds:   # the floor is a contender too: timed in every round, beside the rungs
+            floors.append(gemm_floor_ms(config, threads))
         print(f"round {rnd + 1}/{warmup_rounds + rounds} done", flush=True)
     profile_table = _profile(runners[-1], profile_steps) if profile_steps else ""
     torch.set_num_threads(threads)  # evaluation is not timed: use the ladder's thread count
@@ -296,7 +303,7 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
     base = rows[0]["tokens_per_s"]
     for row in rows:
         row["speedup"] = row["tokens_per_s"] / base
-    floor = gemm_floor_ms(config, threads)
+    floor = summarize_floor(floors, threads)
     default_ms = rows[-1]["ms_per_step"] if rows[-1]["name"].startswith("hotloop") else None
     return {"config": config, "hparams_set": CONFIGS[config], "steps_per_rung": per_round * (warmup_rounds + rounds),
             "timed_steps_per_rung": per_round * rounds, "rounds": rounds, "warmup_rounds": warmup_rounds,
@@ -314,18 +321,24 @@ def _machine() -> dict[str, Any]:
     return {"cpu": hw.describe(), "amx": "amx_bf16" in hw.cpu_bf16}
 
 
-def gemm_floor_ms(config: str, threads: int) -> dict[str, Any]:
-    """The GEMM-only floor of one step (``benchmarks/lstm_floor.py``): the faster of fp32 and bf16 operands."""
+def gemm_floor_ms(config: str, threads: int) -> dict[str, float]:
+    """The GEMM-only floor of one step (``benchmarks/lstm_floor.py``), ms, for fp32 and bf16 operands."""
     from lstm_floor import gemm_floor
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        by_dtype = {str(d).replace("torch.", ""): gemm_floor(config, d)["floor_ms"]
-                    for d in (torch.float32, torch.bfloat16)}
+        return {str(d).replace("torch.", ""): gemm_floor(config, d)["floor_ms"]
+                for d in (torch.float32, torch.bfloat16)}
     finally:
         torch.set_num_threads(previous)
+
+
+def summarize_floor(per_round: list[dict[str, float]], threads: int) -> dict[str, Any]:
+    """Median over the timed rounds of each operand dtype's floor; the faster dtype is the floor."""
+    by_dtype = {d: statistics.median(r[d] for r in per_round) for d in per_round[0]}
     best = min(by_dtype, key=by_dtype.__getitem__)
-    return {"floor_ms": by_dtype[best], "dtype": best, "by_dtype_ms": by_dtype, "threads": threads}
+    return {"floor_ms": by_dtype[best], "dtype": best, "by_dtype_ms": by_dtype, "threads": threads,
+            "per_round_ms": [r[best] for r in per_round]}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -185,8 +185,8 @@ class TrialRunner:
         on top of the remaining steps of the live candidates priced at their
         own observed times (so a pathologically slow baseline does not starve
         fast candidates, and a slow candidate does not overrun the budget).
-        Rounds stop early enough to leave ``reserve_steps`` of the fastest
-        step for the parity check.
+        Rounds stop early enough to leave ``reserve_steps`` steps for the parity
+        check, half priced at the fastest candidate's step and half at the reference's.
         Each round steps every live candidate once; ``reference`` joins while
         it has fewer measured steps than the most-measured live candidate and
         its step fits the budget after the live candidates' steps up to
@@ -216,20 +216,21 @@ class TrialRunner:
             active = [t for t in live if t.status == "ok" and t.steps_run < target]
             done += [t for t in live if t not in active]
             live = active
-            # keep room for the parity check of the winner, priced at the fastest step seen
+            # keep room for the parity check of the winner: it steps the reference and the
+            # winner alike, so half its steps are priced at each (the fastest step stands in)
             seen = [t.own_estimate(est) for t in live if t.step_times or t.warmup_times]
-            fastest = min(seen) if seen else 0.0
+            parity_step = (min(seen) + reference.own_estimate(est)) / 2 if seen else 0.0
             # the next round priced at each member's own steady step (a round's wall time would
             # count the one-time costs of first steps again)
             next_round = sum(t.own_estimate(est) for t in live)
-            if not live or budget.remaining() - reserve_steps * fastest < next_round:
+            if not live or budget.remaining() - reserve_steps * parity_step < next_round:
                 break
             most = max(len(t.step_times) for t in live)
             # candidates reaching MIN_MEASURED come first; the reference joins when that still fits
             to_minimum = sum(max(1, self.warmup + MIN_MEASURED - t.steps_run) * t.own_estimate(est) for t in live)
             interleaved = sum(1 for r in reference.step_rounds if r >= 0)   # its steps that can be paired
             joins = (reference.status == "ok" and interleaved < max(most, 1) and interleaved < steps
-                     and reference.own_estimate(est) + to_minimum <= budget.remaining() - reserve_steps * fastest)
+                     and reference.own_estimate(est) + to_minimum <= budget.remaining() - reserve_steps * parity_step)
             members = ([reference] if joins else []) + live
             shift = rounds % len(members)
             members = members[shift:] + members[:shift]

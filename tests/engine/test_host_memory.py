@@ -24,7 +24,7 @@ print([line for line in built.step.report if line.startswith("host memory")][0])
 def iteration():
     buffers = [torch.empty(mib << 20, dtype=torch.uint8).fill_(1) for mib in (1, 8, 3, 20, 2, 16)]
     del buffers
-for _ in range(3):
+for _ in range(5):
     iteration()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(10):
@@ -44,9 +44,11 @@ def _run(switch: str | None) -> tuple[str, float]:
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_built_steps_keep_freed_memory_and_the_switch_turns_it_off() -> None:
-    note, faults = _run(None)
+    note, kept = _run(None)
     assert note == "host memory: freed blocks up to 32 MiB stay mapped (glibc mallopt)"
-    assert faults < 100                                   # 50 MiB of buffers: 12,800 pages if re-faulted
-    note, faults = _run("0")
+    # 50 MiB of buffers per iteration: 12,800 pages when every one is faulted in again; kept,
+    # at most an occasional heap growth (fragmentation) faults a few
+    assert kept < 1000
+    note, refaulted = _run("0")
     assert note == "host memory: glibc defaults kept (HOTLOOP_KEEP_FREED_MEMORY=0)"
-    assert faults > 2000                                  # small thresholds: mmap and unmap each time
+    assert refaulted > 10_000 and refaulted > 10 * kept   # small thresholds: mmap and unmap each time
