@@ -307,6 +307,8 @@ def _build_program(model: nn.Module, hp: HParams, strategy: Strategy, phases: li
                   else build_optimizer(p.parameters, hp, fused=fused) for p in phases}
     report = [line for opt in optimizers.values() for line in wire_fused_optimizer(opt, fused)]
     report.append(keep_freed_memory())
+    if hp.clip_via_lr:
+        report.append("clip: not folded into the learning rate (a phased step clips each phase's gradients)")
     if strategy.channels_last:
         phases = [Phase(p.name, _channels_last_inputs(p.loss_fn), p.parameters) for p in phases]
         report.append("layout: model and 4-D float inputs converted to channels_last")

@@ -83,3 +83,11 @@ def test_build_step_folds_the_clip_for_sgd_and_clips_gradients_for_adam() -> Non
     adam = build_step(_Regressor(), hp.replace(optimizer="adam", clip_via_lr=True), Strategy()).step
     assert not adam.clip_via_lr
     assert "clip: not folded into the learning rate (the optimizer is Adam, not plain SGD)" in adam.report
+
+
+def test_a_phased_step_says_it_does_not_fold_the_clip() -> None:
+    from hotloop.train.build import build_run
+    tiny = "image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,batch_size=2,pool_size=2,train_examples=16"
+    run = build_run("shapes_unpaired", "cyclegan", "cyclegan_small", tiny)
+    report = build_step(run.model, run.hp.replace(clip_via_lr=True), Strategy(fused_optimizer=False)).step.report
+    assert "clip: not folded into the learning rate (a phased step clips each phase's gradients)" in report
