@@ -65,11 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from hotloop.tools.hardware import detect_hardware
-    hw = detect_hardware(torch.device("cpu"))
-    amx = "amx_bf16" in hw.cpu_bf16
-    print(f"benchmarks/host_memory.py: {hw.describe()}, AMX {'present' if amx else 'absent'}, "
-          f"{torch.get_num_threads()} threads; config {args.config}, strategy {args.strategy}", flush=True)
+    from lstm_ladder import machine_facts, machine_line
+    print(f"{machine_line('host_memory.py')}; config {args.config}, strategy {args.strategy}", flush=True)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in CONTENDERS}
     command = [sys.executable, __file__, "--child", "--config", args.config, "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--strategy", args.strategy]
@@ -87,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = rows["glibc defaults"]["ms_per_step"] / rows["freed memory kept"]["ms_per_step"]
     print(f"freed memory kept: {ratio:.3f}x the step rate of glibc's defaults (medians of {args.rounds} rounds)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"config": args.config, "cpu": hw.describe(), "amx": amx,
+        Path(args.json).write_text(json.dumps({"config": args.config, **machine_facts(),
                                                "threads": torch.get_num_threads(), "strategy": args.strategy,
                                                "steps": args.steps, "rounds": args.rounds, "rows": rows,
                                                "speedup": ratio}, indent=2) + "\n")

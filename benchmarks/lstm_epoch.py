@@ -41,11 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from lstm_ladder import CONFIGS, RungRunner, eval_ppl, ladder_rungs  # noqa: E402
+from lstm_ladder import CONFIGS, RungRunner, eval_ppl, ladder_rungs, machine_facts, machine_line  # noqa: E402
 from hotloop.builtin import declare_builtins  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.registry import problems  # noqa: E402
-from hotloop.tools.hardware import detect_hardware  # noqa: E402
 from hotloop.train.restore import find_checkpoint, load_trained  # noqa: E402
 
 __all__ = ["plain_epoch", "hotloop_epoch", "main"]
@@ -99,10 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="example")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)
-    hw = detect_hardware(torch.device("cpu"))
-    amx = "amx_bf16" in hw.cpu_bf16
-    print(f"benchmarks/lstm_epoch.py: {hw.describe()}, AMX {'present' if amx else 'absent'}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads; config {args.config}", flush=True)
+    facts = machine_facts()
+    print(f"{machine_line('lstm_epoch.py')}; config {args.config}", flush=True)
     plain = plain_epoch(args.config)
     print(f"plain loop: {plain['steps']} steps in {plain['seconds']:.1f} s, {plain['tokens_per_s']:.0f} tok/s, "
           f"valid ppl {plain['valid_ppl']:.2f}", flush=True)
@@ -110,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     steady = fast["steady_tokens_per_s"]
     print(f"hotloop train: {fast['seconds']:.1f} s for the whole command, {fast['tokens_per_s']:.0f} tok/s "
           f"({steady:.0f} tok/s in its logged rows), valid ppl {fast['valid_ppl']:.2f}; auto chose {fast['strategy']}")
-    result = {"config": args.config, "cpu": hw.describe(), "amx": amx, "threads": torch.get_num_threads(),
+    result = {"config": args.config, **facts, "threads": torch.get_num_threads(),
               "plain_tokens_per_s": plain["tokens_per_s"], "plain_seconds": plain["seconds"],
               "plain_valid_ppl": plain["valid_ppl"], "hotloop_command": fast["command"],
               "hotloop_seconds": fast["seconds"], "hotloop_tokens_per_s": fast["tokens_per_s"],

@@ -42,7 +42,7 @@ from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams, get_hparams
 from hotloop.registry import models, problems
 
-__all__ = ["Rung", "ladder_rungs", "run_ladder", "main"]
+__all__ = ["Rung", "ladder_rungs", "run_ladder", "machine_facts", "machine_line", "main"]
 
 CONFIGS = {"small": "lstm_lm_small", "medium": "lstm_lm_medium", "large": "lstm_lm_large",
            "example": "lstm_lm_example"}
@@ -311,14 +311,22 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
             "strategy": strategy.to_dict(), "strategy_source": how, "strategy_tune_s": tune_s,
             "profile_last_rung": profile_table, "rows": rows, "best_speedup": max(r["speedup"] for r in rows),
             "default_speedup": rows[-1]["speedup"] if default_ms is not None else None,
-            **_machine(), "host_memory": keep_freed_memory(), "gemm_floor_ms": floor["floor_ms"], "gemm_floor": floor,
+            **machine_facts(), "host_memory": keep_freed_memory(), "gemm_floor_ms": floor["floor_ms"], "gemm_floor": floor,
             "floor_ratio": default_ms / floor["floor_ms"] if default_ms is not None else None}
 
 
-def _machine() -> dict[str, Any]:
+def machine_facts() -> dict[str, Any]:
+    """``{"cpu": description, "amx": bool}`` of this machine (every LSTM benchmark prints both)."""
     from hotloop.tools.hardware import detect_hardware
     hw = detect_hardware(torch.device("cpu"))
     return {"cpu": hw.describe(), "amx": "amx_bf16" in hw.cpu_bf16}
+
+
+def machine_line(script: str) -> str:
+    """The header line of an LSTM benchmark: the CPU, whether AMX is present, the thread count."""
+    facts = machine_facts()
+    return (f"benchmarks/{script}: {facts['cpu']}, AMX {'present' if facts['amx'] else 'absent'}, "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
 
 def gemm_floor_ms(config: str, threads: int) -> dict[str, float]:

@@ -176,3 +176,16 @@ class StopAt(Callback):
     def on_event(self, event: Event, trainer: Trainer, **info: Any) -> None:
         if event is Event.STEP_END and trainer.step == self.step:
             trainer.request_stop("test stop")
+
+
+def repeating_stream_losses(step: Any, rows: int, window: int, steps: int = 80, state: Any = None) -> list[float]:
+    """Mean token NLL of each of ``steps`` calls of a built LM ``step`` on a stream repeating
+    0..9 (``rows`` rows), read in windows of ``window`` tokens (state carried)."""
+    pattern = torch.arange(0, 10).repeat(rows, 20)                     # [rows, 200] deterministic
+    losses = []
+    for i in range(steps):
+        chunk = pattern[:, (i % 5) * window:(i % 5) * window + window + 1]
+        result = step([{"inputs": chunk[:, :-1], "targets": chunk[:, 1:]}], state)
+        state = result.state
+        losses.append(float(result.stats["nll_sum"]) / float(result.stats["tokens"]))
+    return losses

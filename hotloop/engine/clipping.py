@@ -22,6 +22,14 @@ from torch import Tensor
 __all__ = ["clip_grad_norm", "clip_via_lr", "clip_via_lr_unavailable"]
 
 
+def _norm_and_factor(params: Sequence[Tensor], max_norm: float) -> tuple[list[Tensor], Tensor, Tensor]:
+    """(gradients, their global L2 norm, the clip factor ``min(1, max_norm / (norm + 1e-6))``),
+    the norm and factor computed exactly as ``torch.nn.utils.clip_grad_norm_`` does."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    return grads, total, torch.clamp(max_norm / (total + 1e-6), max=1.0)
+
+
 def clip_grad_norm(params: Sequence[Tensor], max_norm: float) -> Tensor:
     """``torch.nn.utils.clip_grad_norm_`` (foreach), bitwise, minus a no-op pass on the host.
 
@@ -30,10 +38,8 @@ def clip_grad_norm(params: Sequence[Tensor], max_norm: float) -> Tensor:
     coefficient costs nothing, and when it is exactly 1 the multiply (one full read
     and write of every gradient) is skipped: multiplying by 1.0 is the identity.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-    on_host = all(g.device.type == "cpu" for g in grads)
-    if on_host and bool(torch.clamp(max_norm / (total + 1e-6), max=1.0) == 1.0):
+    grads, total, factor = _norm_and_factor(params, max_norm)
+    if all(g.device.type == "cpu" for g in grads) and bool(factor == 1.0):
         return total
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return total
@@ -70,9 +76,8 @@ def clip_via_lr(optimizer: torch.optim.Optimizer, params: Sequence[Tensor], max_
     Runs the optimizer step itself: with factor ``c = min(1, max_norm / (norm + 1e-6))``
     (computed as torch does), every group's learning rate is ``lr * c`` for this step only.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-    factor = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    _, total, factor_tensor = _norm_and_factor(params, max_norm)
+    factor = float(factor_tensor)                               # CPU gradients: no device sync
     rates = [group["lr"] for group in optimizer.param_groups]
     if factor != 1.0:
         for group, lr in zip(optimizer.param_groups, rates):

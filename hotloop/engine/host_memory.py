@@ -5,13 +5,13 @@ A CPU training step allocates and frees the same large buffers every step
 serves blocks above its mmap threshold with fresh ``mmap`` pages and returns
 freed memory at the top of the heap to the kernel once it passes the trim
 threshold, so the next step touches new pages: thousands of minor page faults
-per step (about 4,500 per step, 13% of the step, on the ``lstm_lm_small`` step
-of ``docs/results.md``). :func:`keep_freed_memory` fixes both thresholds
+per step (about 5,800 on the bf16 ``lstm_lm_small`` step, which runs 1.31x faster
+without them: ``benchmarks/host_memory.py``, ``docs/results.md``). :func:`keep_freed_memory` fixes both thresholds
 (``mallopt``): blocks up to 32 MiB come from the heap and freed memory stays
 mapped for the next step. The process's resident size then stays at its peak.
 
-:func:`~hotloop.engine.step.build_step` calls it, so every hotloop run (train,
-tune, profile, bench) gets it. ``HOTLOOP_KEEP_FREED_MEMORY=0`` turns it off.
+:func:`~hotloop.engine.step.compile_step` (and the phased-step builder) call it,
+so every step ``build_step`` makes (train, tune, profile, bench) gets it. ``HOTLOOP_KEEP_FREED_MEMORY=0`` turns it off.
 On a C library other than glibc it does nothing and says why.
 """
 from __future__ import annotations

@@ -226,6 +226,7 @@ def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.opti
     executor (``GraphTrainStep``). ``"inductor"``: the loss is ``torch.compile``d.
     Both capture backends fall back to eager, recording why in ``step.fallback_reason``.
     """
+    # process-wide, once: the step's large buffers stop page-faulting (engine/host_memory.py)
     changes = wire_fused_optimizer(optimizer, strategy.fused_optimizer) + [keep_freed_memory()]
     loss_fn = loss_fn or default_loss_fn
     if strategy.channels_last:
@@ -273,7 +274,6 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     device = params[0].device if params else torch.device("cpu")
     strategy.validate(device)
     validate_for_model(strategy, model)
-    keep_freed_memory()                        # process-wide, once: steps stop page-faulting
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # before the optimizer: parameters keep identity
     from .program import model_phases

@@ -17,11 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from ..hparams import HParams
+from ..ops.dropout import check_dropout_masks
+from ..ops.dropout import dropout as apply_dropout
 from ..problems.base import Batch, ProblemSpec
 from ..registry import hparams_sets, models
 from .base import LossOutput, SequenceModel, count, token_stats
-from ..ops.dropout import DROPOUT_MASKS, DropoutMaskError
-from ..ops.dropout import dropout as apply_dropout
 from .fused_ce import linear_cross_entropy
 from .lstm_cells import LSTM_IMPLS, LSTMImplError, LSTMState, run_lstm
 
@@ -62,8 +62,7 @@ class LSTMLM(SequenceModel):
         for field, value in (("ce_gemm_dtype", hp.ce_gemm_dtype), ("lstm_gemm_dtype", hp.lstm_gemm_dtype)):
             if value not in _GEMM_DTYPES:
                 raise ValueError(f"unknown {field} {value!r}; choose one of {list(_GEMM_DTYPES)}")
-        if hp.dropout_masks not in DROPOUT_MASKS:
-            raise DropoutMaskError(f"unknown dropout_masks {hp.dropout_masks!r}; choose one of {list(DROPOUT_MASKS)}")
+        check_dropout_masks(hp.dropout_masks, "dropout_masks")
         if hp.lstm_gemm_dtype != "fp32" and impl != "bptt":
             raise ValueError(f"lstm_gemm_dtype={hp.lstm_gemm_dtype} needs lstm_impl=bptt (got lstm_impl={impl}); "
                              f"for nn.LSTM use the strategy's precision=bf16 instead")

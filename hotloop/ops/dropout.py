@@ -15,10 +15,12 @@ resumed run continues the same stream.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-__all__ = ["dropout", "dropout_mask", "DROPOUT_MASKS", "DropoutMaskError"]
+__all__ = ["dropout", "dropout_mask", "check_dropout_masks", "DROPOUT_MASKS", "DropoutMaskError"]
 
 #: mask formulations: "bernoulli" (torch's F.dropout) or "bits16" (this module)
 DROPOUT_MASKS = ("bernoulli", "bits16")
@@ -29,15 +31,19 @@ class DropoutMaskError(ValueError):
     """Unknown mask formulation or a drop probability outside [0, 1)."""
 
 
+def check_dropout_masks(masks: str, what: str = "dropout masks") -> None:
+    """Raise :class:`DropoutMaskError` naming the choices unless ``masks`` is one of them."""
+    if masks not in DROPOUT_MASKS:
+        raise DropoutMaskError(f"unknown {what} {masks!r}; choose one of {list(DROPOUT_MASKS)}")
+
+
 def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype, device: torch.device,
                  generator: torch.Generator | None = None) -> Tensor:
     """``keep * scale`` of ``shape`` in ``dtype``: 0 with probability ``round(p*65536)/65536``."""
     if not 0.0 <= p < 1.0:
         raise DropoutMaskError(f"dropout probability must be in [0, 1), got {p}")
     dropped = round(p * _LEVELS)
-    numel = 1
-    for size in shape:
-        numel *= size
+    numel = math.prod(shape)
     words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device)
     words.random_(-(1 << 63), None, generator=generator)                 # full 64-bit words
     levels = words.view(torch.int16)[:numel].view(shape)                 # 4 x int16 per word
@@ -61,8 +67,7 @@ class _MaskedScale(torch.autograd.Function):
 def dropout(x: Tensor, p: float, training: bool, masks: str = "bits16",
             generator: torch.Generator | None = None) -> Tensor:
     """Dropout of ``x`` with mask formulation ``masks`` ("bernoulli": ``F.dropout``; "bits16")."""
-    if masks not in DROPOUT_MASKS:
-        raise DropoutMaskError(f"unknown dropout masks {masks!r}; choose one of {list(DROPOUT_MASKS)}")
+    check_dropout_masks(masks)
     if masks == "bernoulli":
         return torch.nn.functional.dropout(x, p, training)
     if not training or p == 0.0:

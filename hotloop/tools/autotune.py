@@ -184,7 +184,7 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
             return floors[steps, precision]
         return floor
 
-    faster: list[tuple[float, Trial]] = []
+    faster: list[tuple[float, Trial, float]] = []       # (time ratio, candidate, its tolerance)
     for t in trials:
         if not t.measured or t is baseline:
             continue
@@ -192,12 +192,11 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
         t.comparison = comparison.describe()
         tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
         if len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain):
-            faster.append((comparison.ratio, t))
+            faster.append((comparison.ratio, t, tol))
             t.parity = "not judged: a faster candidate passed"
         else:   # not a switch on time: the plain tolerance is reported, no floor is measured
             t.parity = judge_trajectory(t, baseline, tol, None)[1]
-    for _, t in sorted(faster, key=lambda pair: pair[0]):
-        tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
+    for _, t, tol in sorted(faster, key=lambda entry: entry[0]):
         ok, t.parity = judge_trajectory(t, baseline, tol, floor_for(t))
         if not ok:
             continue

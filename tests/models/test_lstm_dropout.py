@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import repeating_stream_losses
 from hotloop.engine.step import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.models import lstm_cells
@@ -62,13 +63,7 @@ def test_training_with_bits16_masks_lowers_loss_and_unknown_masks_are_refused() 
     model = LSTMLM(hp, SPEC)
     step = build_step(model, hp, Strategy()).step
     assert "clip: folded into the SGD learning rate" in step.report
-    pattern = torch.arange(0, 10).repeat(4, 20)                 # [4, 200] deterministic stream
-    state, losses = None, []
-    for i in range(80):
-        window = pattern[:, (i % 5) * 7:(i % 5) * 7 + 8]
-        result = step([{"inputs": window[:, :-1], "targets": window[:, 1:]}], state)
-        state = result.state
-        losses.append(float(result.stats["nll_sum"]) / float(result.stats["tokens"]))
+    losses = repeating_stream_losses(step, rows=4, window=7)
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
     with pytest.raises(DropoutMaskError, match="unknown dropout_masks 'coin'"):
         LSTMLM(_hp(dropout_masks="coin"), SPEC)

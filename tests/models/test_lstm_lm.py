@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import repeating_stream_losses
 from hotloop.builtin import declare_builtins
 from hotloop.engine.step import compile_step
 from hotloop.engine.strategy import Strategy
@@ -307,14 +308,7 @@ def test_training_on_a_repeating_stream_lowers_loss() -> None:
     model = LSTMLM(hp, SPEC)
     opt = build_optimizer(model.parameters(), hp, fused=True)
     step = compile_step(model, None, opt, Strategy(), max_grad_norm=hp.max_grad_norm)
-    pattern = torch.arange(0, 10).repeat(3, 20)             # [3, 200] deterministic stream
-    state = model.initial_state(3, torch.device("cpu"))
-    losses = []
-    for i in range(80):
-        window = pattern[:, (i % 5) * 6:(i % 5) * 6 + 7]
-        result = step([{"inputs": window[:, :-1], "targets": window[:, 1:]}], state)
-        state = result.state
-        losses.append(float(result.stats["nll_sum"]) / float(result.stats["tokens"]))
+    losses = repeating_stream_losses(step, rows=3, window=6, state=model.initial_state(3, torch.device("cpu")))
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
 
 
