@@ -150,20 +150,21 @@ def hparams_to_dict(hp: HParams) -> dict[str, Any]:
 
 
 def hparams_from_dict(data: dict[str, Any], cls: type[H] | None = None) -> H:
-    """Rebuild hparams written by :func:`hparams_to_dict` (class looked up by name, not unpickled)."""
+    """Rebuild hparams written by :func:`hparams_to_dict` (class looked up by name, not unpickled).
+
+    The ``"__class__"`` name is resolved by :func:`hotloop.class_lookup.resolve_hparams_class`:
+    only classes of hotloop's registries and of ``--import`` modules, never an import the data
+    asks for (a class it does not know is an :class:`HParamsError` before any import).
+    """
+    if not isinstance(data, dict):
+        raise HParamsError(f"hparams must be a mapping of fields, got {type(data).__name__}")
     data = dict(data)
     qual = data.pop("__class__", None)
     if cls is None:
         cls = HParams
         if qual:
-            import importlib
-            module, _, name = qual.partition(":")
-            try:
-                cls = getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError) as exc:
-                raise HParamsError(f"hparams class {qual} is not importable: {exc}") from None
-        if not (isinstance(cls, type) and issubclass(cls, HParams)):
-            raise HParamsError(f"{qual} is not an HParams class")
+            from .class_lookup import resolve_hparams_class
+            cls = resolve_hparams_class(qual)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -18,7 +18,7 @@ from typing import Callable, Generic, Iterator, TypeVar
 __all__ = [
     "Registry", "RegistryError", "problems", "models", "hparams_sets",
     "optimizers", "lr_schedules", "ALL_REGISTRIES", "import_user_module",
-    "registered_name", "REGISTERED_NAME",
+    "registered_name", "REGISTERED_NAME", "user_module_name", "is_imported",
 ]
 
 T = TypeVar("T")
@@ -107,6 +107,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
+    def lazy_targets(self) -> dict[str, str]:
+        """``name -> module`` of the lazy entries whose module is not imported yet (imports nothing)."""
+        return {name: item.module for name, item in self._items.items() if isinstance(item, _Lazy)}
+
     def __contains__(self, name: object) -> bool:
         return name in self._items
 
@@ -165,6 +169,21 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "problems": problems, "models": models, "hparams": hparams_sets,
     "optimizers": optimizers, "lr_schedules": lr_schedules,
 }
+
+
+def user_module_name(spec: str) -> str:
+    """The ``sys.modules`` name :func:`import_user_module` gives ``spec`` (a file's stem, a
+    package directory's name, else the dotted name itself); imports nothing."""
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_dir() or path.exists():
+        path = path.resolve()
+        return path.name if path.is_dir() else path.stem
+    return spec
+
+
+def is_imported(spec: str) -> bool:
+    """Whether the module of ``--import spec`` is already imported in this process."""
+    return user_module_name(spec) in sys.modules
 
 
 def import_user_module(spec: str) -> None:

@@ -110,17 +110,17 @@ def rebuild_model(manifest: dict[str, Any]) -> nn.Module:
     if name not in models:
         raise ExportError(f"model {name!r} of this export is not registered; {IMPORT_HINT}")
     try:
-        hp: HParams = hparams_from_dict(manifest["hparams"])
+        model_cls = models.get(name)              # first: the registered model defines its hparams class
+    except RegistryError as exc:
+        raise ExportError(f"{exc}; {IMPORT_HINT}") from None
+    try:
+        hp: HParams = hparams_from_dict(manifest["hparams"])   # never imports a module the manifest names
     except HParamsError as exc:
         raise ExportError(f"{exc}; {IMPORT_HINT}") from None
     try:
         spec = _spec_from_dict(manifest["spec"])
     except (TypeError, KeyError) as exc:
         raise ExportError(f"export spec does not fit ProblemSpec: {exc}") from None
-    try:
-        model_cls = models.get(name)
-    except RegistryError as exc:
-        raise ExportError(f"{exc}; {IMPORT_HINT}") from None
     torch.manual_seed(hp.seed)
     return model_cls(hp, spec).eval()
 

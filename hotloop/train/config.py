@@ -5,6 +5,9 @@ A config file is one mapping whose keys are the ``hotloop train`` settings
 directory is such a file too (its extra informational keys, e.g. ``torch``, are
 ignored), so ``hotloop train --config D/run.json --output-dir D2`` repeats run D.
 
+``imports`` may only repeat modules the command line's ``--import`` already
+imported: a file never chooses code to run (the error names the flags to add).
+
 Flags given on the command line win over the file, except ``overrides`` and
 ``strategy_overrides``, which are combined: the file's first, then the flags'
 (a key in both takes the flag's value).
@@ -73,6 +76,16 @@ def _parse(path: Path) -> Any:
         raise ConfigError(f"config file {path}: not valid JSON: {exc}") from None
 
 
+def _check_imports(path: Path, specs: list[str]) -> None:
+    """A config file may repeat ``--import`` modules, not add any: a file cannot choose code to run."""
+    from ..registry import is_imported
+    missing = [spec for spec in specs if not is_imported(spec)]
+    if missing:
+        flags = " ".join(f"--import {spec}" for spec in missing)
+        raise ConfigError(f"config file {path}: 'imports' names {', '.join(missing)}, which the command line "
+                          f"did not import; a file cannot choose code to run: if you trust it, pass {flags}")
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
     """The checked settings of config file ``path`` (aliases resolved, informational keys dropped)."""
     path = Path(path)
@@ -95,6 +108,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
         if key in ("imports", "loggers") and isinstance(value, list) and \
                 not all(isinstance(v, str) for v in value):
             raise ConfigError(f"config file {path}: {raw_key!r} must be a list of strings, got {value!r}")
+        if key == "imports":
+            _check_imports(path, value)
         out[key] = value
     return out
 

@@ -54,7 +54,8 @@ def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_d
 
     Raises :class:`CheckpointError` naming the file when it is unreadable, was not
     written by ``hotloop train``, or does not fit the recorded model; an unknown
-    problem/model name raises the registry's error (pass ``--import``).
+    problem/model name raises the registry's error (pass ``--import``), and so does an
+    hparams class that no registered component or ``--import`` module defines.
     """
     path = Path(path)
     payload = load_checkpoint(path)
@@ -63,10 +64,10 @@ def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_d
     if not run.get("problem") or not run.get("model") or "hparams" not in meta or "model" not in payload:
         raise CheckpointError(f"checkpoint {path} does not record its problem/model/hparams; "
                               f"it was not written by `hotloop train`")
-    hp = hparams_from_dict(meta["hparams"])
-    model_cls = models.get(run["model"])
-    problem = problem_class(run["problem"], model_cls)(data_dir=data_dir or run.get("data_dir"),
-                                                       raw_dir=raw_dir or run.get("raw_dir"))
+    model_cls = models.get(run["model"])          # registry names first: they define the hparams class
+    problem_cls = problem_class(run["problem"], model_cls)
+    hp = hparams_from_dict(meta["hparams"])       # never imports a module the checkpoint names
+    problem = problem_cls(data_dir=data_dir or run.get("data_dir"), raw_dir=raw_dir or run.get("raw_dir"))
     if prepare:
         problem.prepare()
     spec = problem.spec(hp)

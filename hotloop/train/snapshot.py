@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..hparams import hparams_to_dict
+from ..class_lookup import resolve_hparams_class
+from ..hparams import HParamsError, hparams_to_dict
 from .checkpoint import CheckpointError, decode_plain, encode_plain, load_checkpoint
 from .feeding import to_device
 
@@ -71,6 +72,18 @@ def hparams_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[
     return out
 
 
+def _check_hparams_class(saved: Any, trainer: "Trainer", path: Path) -> None:
+    """The saved hparams name a class hotloop knows (resolved without importing what they name)."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {path} has hparams that are not a mapping")
+    qual = saved.get("__class__")
+    if qual and qual != hparams_to_dict(trainer.hp)["__class__"]:
+        try:
+            resolve_hparams_class(qual)
+        except HParamsError as exc:
+            raise CheckpointError(f"checkpoint {path}: {exc}") from None
+
+
 def _require(payload: dict[str, Any], path: Path, *keys: str) -> None:
     for key in keys:
         if key not in payload:
@@ -85,6 +98,7 @@ def restore_training_state(trainer: "Trainer", path: Path) -> tuple[dict[str, An
     for key in ("step", "epoch", "hparams", "schedule", "callbacks", "python_rng"):
         if key not in meta:
             raise CheckpointError(f"checkpoint {path} is incomplete: no {key!r} in its metadata")
+    _check_hparams_class(meta["hparams"], trainer, path)
     try:
         trainer.model.load_state_dict(payload["model"])
     except RuntimeError as exc:

@@ -10,7 +10,7 @@ import torch
 from hotloop.decode.search import beam_search, greedy_search, length_penalty, max_target_lengths
 from hotloop.problems.base import EOS_ID
 
-from decode_fakes import RandomTableDecoder, TableDecoder
+from decode_fakes import PrefixState, RandomTableDecoder, TableDecoder
 
 torch.set_num_threads(1)
 A, B = 2, 3   # word ids of the fake vocabulary {0 PAD, 1 EOS, 2 a, 3 b}
@@ -48,11 +48,9 @@ def test_length_penalty_prefers_longer_with_alpha():
     assert length_penalty(4.0, 1.0) == pytest.approx(1.5) and length_penalty(1.0, 0.6) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_wide_beam_equals_brute_force(alpha):
-    model = RandomTableDecoder(vocab=4, seed=int(alpha * 10))
-    max_len = 4
-    best, best_score = None, -math.inf
+def _brute_force(model: TableDecoder, max_len: int, alpha: float) -> tuple[list[int], float]:
+    """The best of all sequences over {a, b} ending in EOS (forced at ``max_len``) and its score."""
+    best, best_score = [], -math.inf
     for length in range(1, max_len + 1):
         for words in itertools.product([A, B], repeat=length - 1):
             seq = list(words) + [EOS_ID]
@@ -61,10 +59,45 @@ def test_wide_beam_equals_brute_force(alpha):
             score = logp / length_penalty(float(length), alpha)
             if score > best_score:
                 best, best_score = seq, score
+    return best, best_score
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_wide_beam_equals_brute_force(alpha):
+    model = RandomTableDecoder(vocab=4, seed=int(alpha * 10))
+    max_len = 4
+    best, best_score = _brute_force(model, max_len, alpha)
     inputs, lengths = _one_sentence(max_len)
     result = beam_search(model, inputs, lengths, beam_size=27, alpha=alpha)
     assert result.tokens[0, : len(best)].tolist() == best
     assert result.scores.item() == pytest.approx(best_score)
+
+
+def test_best_hypothesis_moving_across_beam_rows_matches_brute_force(monkeypatch):
+    """The cache (the fed prefix) must follow each survivor's origin beam, not its rank.
+
+    Beam 2. Step 1 keeps rows [a, b]. Step 2's best survivor "b a" (.36) comes from row 1 and
+    the second, "a a" (.33), from row 0, so the rows swap. After "b a" EOS is certain (.36);
+    after "a a" it is .1. A cache reordered by rank would feed "b a" the prefix "a a" and
+    "a a" the prefix "b a", and finish "a a" EOS (.33) instead of the true best "b a" EOS.
+    """
+    model = TableDecoder({(): {A: .6, B: .4}, (A,): {A: .55, B: .45}, (B,): {A: .9, B: .1},
+                          (A, A): {EOS_ID: .1, A: .9}})
+    max_len = 5
+    best, best_score = _brute_force(model, max_len, 0.0)
+    assert best == [B, A, EOS_ID] and best_score == pytest.approx(math.log(.36))
+    reorders: list[list[int]] = []
+    original = PrefixState.reorder
+    monkeypatch.setattr(PrefixState, "reorder",
+                        lambda self, index: reorders.append(index.tolist()) or original(self, index))
+    inputs, lengths = _one_sentence(max_len)
+    result = beam_search(model, inputs, lengths, beam_size=2, alpha=0.0, check_every=1)
+    assert [1, 0] in reorders                       # the best path really moved from row 1 to row 0
+    assert result.tokens[0].tolist() == best
+    assert result.scores.item() == pytest.approx(best_score)
+    # two sentences in one batch: the second sentence's rows are offset by the beam size
+    both = beam_search(model, inputs.repeat(2, 1), lengths.repeat(2), beam_size=2, alpha=0.0, check_every=1)
+    assert both.tokens.tolist() == [best, best]
 
 
 def test_max_length_is_per_sentence_and_relative():

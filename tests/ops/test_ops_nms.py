@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hotloop.ops import batched_nms, batched_nms_mask, nms, nms_mask
+from hotloop.ops import batched_nms, batched_nms_mask, box_iou, nms, nms_mask
 
 from ops_refs import greedy_nms, random_boxes
 
@@ -28,6 +28,20 @@ def test_nms_matches_greedy(device, threshold, seed):
     assert got == want
     mask = nms_mask(boxes.to(device), scores.to(device), threshold).cpu()
     assert sorted(torch.nonzero(mask).flatten().tolist()) == sorted(want)
+
+
+def test_nms_at_iou_exactly_the_threshold_keeps_the_box(device):
+    """Suppression needs IoU > threshold: a box overlapping by exactly the threshold is kept."""
+    # [0,0,3,4] and [1,0,4,4]: intersection 8, union 16 -> IoU 0.5 exactly (also in float32)
+    boxes = torch.tensor([[0, 0, 3, 4], [1, 0, 4, 4], [0, 0, 3, 4.5]], dtype=torch.float32, device=device)
+    scores = torch.tensor([0.9, 0.8, 0.1], device=device)
+    assert box_iou(boxes[:1], boxes[1:2]).item() == 0.5
+    assert nms(boxes, scores, 0.5).tolist() == [0, 1]           # box 2 overlaps box 0 by 12/13.5 > 0.5
+    assert nms_mask(boxes, scores, 0.5).tolist() == [True, True, False]
+    assert nms(boxes, scores, 0.49).tolist() == [0]             # just below: suppressed
+    classes = torch.tensor([1, 1, 0], device=device)
+    assert batched_nms(boxes, scores, classes, 0.5).tolist() == [0, 1, 2]
+    assert greedy_nms(boxes.cpu(), scores.cpu(), 0.5) == [0, 1]   # the reference agrees
 
 
 def test_nms_ties_and_empty(device):

@@ -1,11 +1,15 @@
 """Resume is exact: 2N straight steps == N steps, stop, resume to 2N (bitwise, CPU fp32)."""
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
 from helpers import StopAt, TinyStreamLM, make_trainer, params_of, tiny_hp, tiny_lm_hp
 from hotloop.engine import Strategy
+from hotloop.train import Callback, Event
 
 pytestmark = pytest.mark.timeout(600)  # generous: shared CI machines can be very loaded
 
@@ -66,3 +70,35 @@ def test_resume_without_carried_state_would_differ(tmp_path):
     second.state = second.model.initial_state(4, second.device)  # forget the stream position
     second._loop(position)
     assert any(not torch.equal(a, b) for a, b in zip(params_of(straight).values(), params_of(second).values()))
+
+
+class DrawsRandom(Callback):
+    """Draws from the global Python, numpy and torch RNGs after every step, as user code may."""
+
+    def __init__(self) -> None:
+        self.draws: dict[int, tuple[float, float, float]] = {}
+
+    def on_event(self, event: Event, trainer, **info) -> None:
+        if event is Event.STEP_END:
+            self.draws[trainer.step] = (random.random(), float(np.random.rand()), float(torch.rand(())))
+
+
+def test_resume_restores_every_global_rng(tmp_path):
+    """After resume the Python, numpy and torch global generators continue where they were."""
+    seen = {}
+    for name, stop in (("straight", None), ("resumed", 3)):
+        draws = DrawsRandom()
+        extra = [StopAt(stop)] if stop else []
+        trainer = make_trainer(tmp_path / name, max_steps=6, callbacks=[draws, *extra])
+        trainer.fit()
+        if stop:
+            random.seed(123)                # another state, as a new process would have
+            np.random.seed(123)
+            torch.manual_seed(123)
+            draws = DrawsRandom()
+            make_trainer(tmp_path / name, max_steps=6, callbacks=[draws]).fit(resume=True)
+        seen[name] = draws.draws
+    assert sorted(seen["resumed"]) == [4, 5, 6]
+    for step in (4, 5, 6):
+        for source, a, b in zip(("python", "numpy", "torch"), seen["straight"][step], seen["resumed"][step]):
+            assert a == b, f"step {step}: the {source} RNG was not restored"
