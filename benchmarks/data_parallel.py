@@ -118,6 +118,8 @@ def worker(args: argparse.Namespace) -> None:
 
     @worker_entry
     def main() -> None:
+        from hotloop.tools.hardware import machine_header
+        print(machine_header("benchmarks/data_parallel.py"), flush=True)
         init_process_group("gloo")
         rank = dist.get_rank()
         report: dict[str, Any] = {}

@@ -20,6 +20,8 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hotloop.tools.hardware import machine_header
+    print(machine_header("benchmarks/inference.py"), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     bench.add_arguments(parser)
     return bench.run(parser.parse_args(sys.argv[1:] if argv is None else argv))

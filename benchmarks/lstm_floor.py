@@ -83,6 +83,8 @@ def gemm_floor(config: str, dtype: torch.dtype, repeats: int = 15) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from hotloop.tools.hardware import machine_header
+    print(machine_header("benchmarks/lstm_floor.py"), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")

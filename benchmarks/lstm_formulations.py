@@ -42,6 +42,8 @@ def _runner(rnn: torch.nn.LSTM, x: torch.Tensor, state: tuple[torch.Tensor, torc
 
 
 def main(argv: list[str] | None = None) -> None:
+    from hotloop.tools.hardware import machine_header
+    print(machine_header("benchmarks/lstm_formulations.py"), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=200)
     parser.add_argument("--steps", type=int, default=20)

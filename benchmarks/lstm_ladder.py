@@ -40,14 +40,13 @@ from hotloop.engine.host_memory import keep_freed_memory
 from hotloop.engine.step import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams, get_hparams
+from hotloop.ops.cpu_isa import cpu_isa
 from hotloop.registry import models, problems
 
 __all__ = ["Rung", "ladder_rungs", "run_ladder", "machine_facts", "machine_line", "main"]
 
 CONFIGS = {"small": "lstm_lm_small", "medium": "lstm_lm_medium", "large": "lstm_lm_large",
            "example": "lstm_lm_example"}
-PLAIN = {"lstm_impl": "fused", "lstm_gemm_dtype": "fp32", "fused_ce": False, "ce_gemm_dtype": "fp32",
-         "dropout_masks": "bernoulli", "clip_via_lr": False}
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,10 @@ class Rung:
     prefetch: bool = False            # hotloop.data.prefetch producer thread
     fused_kernel_ce: bool = False     # time-major logits + F.cross_entropy (one kernel)
     precision: str = "fp32"           # autocast dtype for the whole forward
-    model_loss: bool = False          # use model.loss (the hparams' formulation) instead
+    model_loss: bool = False          # use model.loss (with ``formulation``) instead
     clip_via_lr: bool = False         # clip factor folded into the SGD step (hotloop.engine.clipping)
-    model_changes: dict[str, Any] = field(default_factory=dict)
+    formulation: dict[str, Any] = field(default_factory=dict)   # Strategy formulation fields
+    needs_fast_bf16: bool = False     # skipped (with a line) on a CPU without fast bf16
     compile: bool = False             # torch.compile the model's loss (inductor)
     strategy: Strategy | None = None  # hotloop default: build_step with this strategy
     cumulative: bool = True
@@ -72,39 +72,51 @@ class Rung:
 
 def ladder_rungs(threads: int, default_strategy: Strategy | None, with_compile: bool,
                  extra_strategy: Strategy | None = None) -> list[Rung]:
-    r0 = Rung("0 baseline (plain PyTorch loop)", model_changes=dict(PLAIN))
+    r0 = Rung("0 baseline (plain PyTorch loop)")
     r1 = replace(r0, name=f"1 threads (intra-op {threads})", threads=threads)
     r2 = replace(r1, name="2 no per-step host sync (read once per round)", sync_every_step=False)
     r3 = replace(r2, name="3 memory reuse (grads set_to_none)", grads_to_none=True)
     r4 = replace(r3, name="4 fused optimizer (foreach clip+SGD)", foreach=True)
     r5 = replace(r4, name="5 async reader (prefetch)", prefetch=True)
     r6 = replace(r5, name="6 graph rewrites (time-major, fused CE kernel)", fused_kernel_ce=True)
-    r7 = replace(r6, name="7 bf16 autocast (whole model)", precision="bf16", cumulative=False)
-    r8 = replace(r6, name="8 fused output+CE (chunked, fp32)", model_loss=True,
-                 model_changes={**PLAIN, "fused_ce": True})
+    r7 = replace(r6, name="7 bf16 autocast (whole model)", precision="bf16", cumulative=False,
+                 needs_fast_bf16=True)
+    r8 = replace(r6, name="8 fused output+CE (chunked, fp32)", model_loss=True, formulation={"fused_ce": True})
     r8h = replace(r8, name="8h alt: hoisted LSTM + fused CE", cumulative=False,
-                  model_changes={**PLAIN, "fused_ce": True, "lstm_impl": "hoisted"})
+                  formulation={"fused_ce": True, "lstm_impl": "hoisted"})
     r8u = replace(r8, name="8u alt: unrolled LSTM + fused CE", cumulative=False,
-                  model_changes={**PLAIN, "fused_ce": True, "lstm_impl": "unrolled"})
-    r9 = replace(r8, name="9 fused CE with bf16 GEMM operands",
-                 model_changes={**PLAIN, "fused_ce": True, "ce_gemm_dtype": "bf16"})
+                  formulation={"fused_ce": True, "lstm_impl": "unrolled"})
+    r9 = replace(r8, name="9 fused CE with bf16 GEMM operands", needs_fast_bf16=True,
+                 formulation={"fused_ce": True, "ce_gemm_dtype": "bf16"})
     r10 = replace(r9, name="10 alt: 9 + bf16 autocast LSTM", precision="bf16", cumulative=False)
     r11 = replace(r9, name="11 alt: 9 + hand-written BPTT LSTM, bf16 GEMMs", cumulative=False,
-                  model_changes={**PLAIN, "fused_ce": True, "ce_gemm_dtype": "bf16", "lstm_impl": "bptt",
-                                 "lstm_gemm_dtype": "bf16"})
-    r13 = replace(r9, name="13 dropout masks from 16-bit draws (bits16)",
-                  model_changes={**r9.model_changes, "dropout_masks": "bits16"})
+                  formulation={"fused_ce": True, "ce_gemm_dtype": "bf16", "lstm_impl": "bptt",
+                               "lstm_gemm_dtype": "bf16"})
+    below_13 = r9 if cpu_isa().fast_bf16 else r8          # without fast bf16 the chain goes on from 8
+    r13 = replace(below_13, name="13 dropout masks from 16-bit draws (bits16)", needs_fast_bf16=False,
+                  formulation={**below_13.formulation, "dropout_masks": "bits16"})
     r14 = replace(r13, name="14 clip factor folded into the SGD step", clip_via_lr=True)
     rungs = [r0, r1, r2, r3, r4, r5, r6, r7, r8, r8h, r8u, r9, r10, r11, r13, r14]
     if with_compile:
-        rungs.append(replace(r9, name="12 alt: torch.compile (inductor) of the loss", compile=True,
+        rungs.append(replace(below_13, name="12 alt: torch.compile (inductor) of the loss", compile=True,
                              cumulative=False))
     if extra_strategy is not None:
         rungs.append(Rung("hotloop+ strategy override " + _strategy_diff(extra_strategy), model_loss=True,
                           strategy=extra_strategy, cumulative=False))
-    rungs.append(Rung("hotloop default (build_step + hparams-set formulation)", model_loss=True,
+    rungs.append(Rung("hotloop default (build_step, the planned Strategy)", model_loss=True,
                       strategy=default_strategy or Strategy()))
     return rungs
+
+
+def runnable_rungs(rungs: list[Rung], log: Callable[[str], None] = print) -> list[Rung]:
+    """``rungs`` less those this CPU cannot run fast, each skip said in one line."""
+    isa = cpu_isa()
+    if isa.fast_bf16:
+        return rungs
+    for rung in rungs:
+        if rung.needs_fast_bf16:
+            log(f"skipped rung {rung.name!r}: no fast bf16 on this CPU (usable ISA {isa.describe()})")
+    return [r for r in rungs if not r.needs_fast_bf16]
 
 
 def _strategy_diff(strategy: Strategy) -> str:
@@ -121,10 +133,11 @@ class RungRunner:
 
     def __init__(self, rung: Rung, hp: HParams, problem: Any, default_threads: int) -> None:
         self.rung, self.problem = rung, problem
-        self.hp = hp.replace(**rung.model_changes) if rung.model_changes else hp
+        self.hp = hp
         self.threads = (rung.strategy.intra_op_threads if rung.strategy else rung.threads) or default_threads
         torch.manual_seed(hp.seed)
         self.model = models.get("lstm_lm")(self.hp, problem.spec(self.hp))
+        self.model.use_formulation(Strategy(**rung.formulation).formulation)
         self.model.train()
         self.params = list(self.model.parameters())
         fused = rung.strategy.fused_optimizer if rung.strategy else rung.foreach
@@ -260,7 +273,8 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
     strategy, tune_s, how = hotloop_default_strategy(hp, problem, strategy_mode, threads)
     print(f"hotloop default strategy ({how}, {tune_s:.1f}s): {strategy}")
     extra = Strategy.parse(extra_strategy) if extra_strategy else None
-    rungs = ladder_rungs(threads, strategy, with_compile, extra)
+    print(machine_line("lstm_ladder.py"))
+    rungs = runnable_rungs(ladder_rungs(threads, strategy, with_compile, extra))
     if only:
         keep = [s.strip() for s in only.split(",")]
         rungs = [r for r in rungs if r.name.split(" ")[0] in keep or r.name.startswith(("0 ", "hotloop"))]
@@ -316,10 +330,12 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
 
 
 def machine_facts() -> dict[str, Any]:
-    """``{"cpu": description, "amx": bool}`` of this machine (every LSTM benchmark prints both)."""
+    """``{"cpu": description, "amx": bool, "isa": [...], "isa_caps": [...]}`` of this machine
+    (every LSTM benchmark prints them)."""
     from hotloop.tools.hardware import detect_hardware
     hw = detect_hardware(torch.device("cpu"))
-    return {"cpu": hw.describe(), "amx": "amx_bf16" in hw.cpu_bf16}
+    return {"cpu": hw.describe(), "amx": "amx_bf16" in hw.cpu_bf16, "isa": list(hw.cpu_isa),
+            "isa_caps": list(hw.cpu_caps)}
 
 
 def machine_line(script: str) -> str:
@@ -335,8 +351,8 @@ def gemm_floor_ms(config: str, threads: int) -> dict[str, float]:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return {str(d).replace("torch.", ""): gemm_floor(config, d)["floor_ms"]
-                for d in (torch.float32, torch.bfloat16)}
+        dtypes = (torch.float32, torch.bfloat16) if cpu_isa().fast_bf16 else (torch.float32,)
+        return {str(d).replace("torch.", ""): gemm_floor(config, d)["floor_ms"] for d in dtypes}
     finally:
         torch.set_num_threads(previous)
 

@@ -92,6 +92,8 @@ def plot_log(log_path: str | Path, png_path: str | Path, title: str = "") -> Non
 
 
 def main(argv: list[str] | None = None) -> None:
+    from hotloop.tools.hardware import machine_header
+    print(machine_header("benchmarks/ptb_repro.py"), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hparams", default="lstm_lm_small")
     parser.add_argument("--hparams_overrides", default="")

@@ -102,6 +102,8 @@ def _calibrate(batch_size: int, model: nn.Module, opt: torch.optim.Optimizer) ->
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from hotloop.tools.hardware import machine_header
+    print(machine_header("benchmarks/readers.py"), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--batch-size", type=int, default=64)

@@ -122,6 +122,8 @@ def run_benchmark(model: str, contenders: dict[str, Strategy], rounds: int, warm
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hotloop.tools.hardware import machine_header
+    print(machine_header("benchmarks/strategies.py"), flush=True)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", action="append", required=True, help="repeatable")
     p.add_argument("--rounds", type=int, default=30)

@@ -50,7 +50,6 @@ class HParams:
     lr_decay: float = 1.0          # multiplicative decay factor used by decay schedules
     lr_decay_start_epoch: int = 0  # epoch after which step/epoch decay starts
     max_grad_norm: float = 0.0     # clip by global norm; 0 disables
-    clip_via_lr: bool = False      # plain SGD on CPU: clip by scaling the step's lr, not the gradients
     accum_steps: int = 1           # gradient accumulation micro-steps per optimizer step
     max_epochs: int = 0            # 0 = unbounded (use max_steps)
     max_steps: int = 0             # 0 = unbounded (use max_epochs)
@@ -127,6 +126,12 @@ def parse_overrides(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+#: former hparams that are Strategy formulation fields (how the math is computed, not what):
+#: an override names the flag to use; a checkpoint that still records them loads without them
+MOVED_TO_STRATEGY = ("lstm_impl", "lstm_gemm_dtype", "fused_ce", "ce_chunk_rows", "ce_gemm_dtype",
+                     "dropout_masks", "clip_via_lr")
+
+
 def apply_overrides(hp: H, overrides: str | dict[str, Any] | None) -> H:
     """Return ``hp`` with overrides applied; unknown keys and bad types raise HParamsError."""
     if not overrides:
@@ -135,6 +140,9 @@ def apply_overrides(hp: H, overrides: str | dict[str, Any] | None) -> H:
     items = parse_overrides(overrides) if isinstance(overrides, str) else list(overrides.items())
     changes: dict[str, Any] = {}
     for key, value in items:
+        if key not in types_ and key in MOVED_TO_STRATEGY and isinstance(hp, HParams):
+            raise HParamsError(f"{key} is a Strategy field (how the math is computed, not what): "
+                               f"use --strategy-override {key}=...")
         if key not in types_:
             close = difflib.get_close_matches(key, list(types_), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -158,7 +166,7 @@ def hparams_from_dict(data: dict[str, Any], cls: type[H] | None = None) -> H:
     """
     if not isinstance(data, dict):
         raise HParamsError(f"hparams must be a mapping of fields, got {type(data).__name__}")
-    data = dict(data)
+    data = {k: v for k, v in data.items() if k not in MOVED_TO_STRATEGY}
     qual = data.pop("__class__", None)
     if cls is None:
         cls = HParams

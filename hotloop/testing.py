@@ -24,6 +24,7 @@ import torch
 
 from .builtin import BUILTINS, declare_builtins
 from .engine.parity import ParityCase
+from .engine.strategy import Strategy
 from .errors import UserError
 from .hparams import HParams, apply_overrides, get_hparams
 from .problems.base import Batch, ProblemSpec
@@ -53,6 +54,7 @@ class ModelCase:
     hparams: str                 # registered hparams set
     tiny: str                    # overrides for tests (seconds on one CPU core)
     bench: str                   # overrides for benchmarks
+    formulation: str = ""        # Strategy formulation fields "k=v,..." the case computes with
 
 
 CASES: dict[str, ModelCase] = {
@@ -69,8 +71,8 @@ CASES: dict[str, ModelCase] = {
                           "batch_size=4,image_size=8,conv_channels=4:8",
                           "batch_size=32,image_size=32,conv_channels=16:32:32"),
     "lstm_lm": ModelCase(RANDOM_LM, "lstm_lm_small",
-                         "batch_size=4,max_length=5,hidden_size=16,lstm_impl=unrolled,fused_ce=false",
-                         "batch_size=20,max_length=20,hidden_size=200,lstm_impl=unrolled,fused_ce=false"),
+                         "batch_size=4,max_length=5,hidden_size=16",
+                         "batch_size=20,max_length=20,hidden_size=200", formulation="lstm_impl=unrolled"),
     "se_resnext50": ModelCase("image_mnist", "se_resnext_small",
                               "batch_size=4,stage_blocks=1:1,stem_channels=8,stage_channels=16,cardinality=4",
                               "batch_size=64"),
@@ -111,10 +113,11 @@ def _random_lm_batches(hp: HParams, vocab: int, steps: int, seed: int) -> list[B
 
 
 def build_from_registry(model: str, problem: str, hp: HParams, steps: int, *, seed: int = 0,
-                        lm_vocab: int = SIZES["tiny"]) -> Callable[[], ParityCase]:
+                        lm_vocab: int = SIZES["tiny"], formulation: str = "") -> Callable[[], ParityCase]:
     """``build()`` for any registered (model, problem, hparams): the same seed gives the same model and batches.
 
     ``problem`` may be :data:`RANDOM_LM` (a streamed LM over ``lm_vocab`` random tokens).
+    ``formulation``: Strategy formulation fields (``"lstm_impl=unrolled"``) the case computes with.
     The batches are read once, here; each ``build()`` makes a fresh model.
     """
     if problem == RANDOM_LM:
@@ -127,6 +130,7 @@ def build_from_registry(model: str, problem: str, hp: HParams, steps: int, *, se
         it = iter(prob.reader("train", hp, seed=seed))
         batches = [next(it) for _ in range(steps)]
     model_cls = models.get(model)
+    form = Strategy.parse(formulation).formulation
 
     def build() -> ParityCase:
         torch.manual_seed(seed)
@@ -134,14 +138,15 @@ def build_from_registry(model: str, problem: str, hp: HParams, steps: int, *, se
         state = None
         if spec.streamed:   # one step signature from the first step on
             state = net.initial_state(batches[0]["inputs"].shape[0], torch.device("cpu"))
-        return ParityCase(net, hp, batches, max_grad_norm=hp.max_grad_norm, state=state)
+        return ParityCase(net, hp, batches, max_grad_norm=hp.max_grad_norm, state=state, formulation=form)
 
     return build
 
 
 def model_case(name: str, size: str = "tiny", steps: int = 3, *, overrides: str | None = None,
-               seed: int = 0) -> Callable[[], ParityCase]:
-    """The ``size`` case of model ``name`` with ``steps`` batches (``overrides`` applied last).
+               seed: int = 0, formulation: str | None = None) -> Callable[[], ParityCase]:
+    """The ``size`` case of model ``name`` with ``steps`` batches (``overrides`` applied last;
+    ``formulation``, Strategy formulation fields, replaces the case's own).
 
     Raises :class:`MissingCaseError` when :data:`CASES` has no entry for ``name``;
     any other failure (unknown names, missing data or modules) propagates.
@@ -155,4 +160,5 @@ def model_case(name: str, size: str = "tiny", steps: int = 3, *, overrides: str 
                                f"(cases exist for {', '.join(sorted(CASES))})")
     hp = get_hparams(config.hparams, config.tiny if size == "tiny" else config.bench)
     hp = apply_overrides(hp, overrides)
-    return build_from_registry(name, config.problem, hp, steps, seed=seed, lm_vocab=SIZES[size])
+    return build_from_registry(name, config.problem, hp, steps, seed=seed, lm_vocab=SIZES[size],
+                               formulation=config.formulation if formulation is None else formulation)

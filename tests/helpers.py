@@ -132,7 +132,7 @@ class TinyStreamLM(Problem):
 def tiny_lm_hp(extra: str = ""):
     """A tiny ``lstm_lm_small`` run (2x16, 12 steps) for :class:`TinyStreamLM`, plus ``extra`` overrides."""
     base = ("hidden_size=16,num_layers=2,batch_size=4,max_length=5,max_epochs=0,max_steps=12,"
-            "dropout=0.2,learning_rate=0.5,lr_schedule=constant,fused_ce=false")
+            "dropout=0.2,learning_rate=0.5,lr_schedule=constant")
     return get_hparams("lstm_lm_small", base + ("," + extra if extra else ""))
 
 
@@ -189,3 +189,22 @@ def repeating_stream_losses(step: Any, rows: int, window: int, steps: int = 80, 
         state = result.state
         losses.append(float(result.stats["nll_sum"]) / float(result.stats["tokens"]))
     return losses
+
+
+def briefly_trained(model: nn.Module, batches: list[dict[str, torch.Tensor]], steps: int = 60,
+                    lr: float = 1e-2) -> nn.Module:
+    """``model`` after ``steps`` Adam steps over ``batches``, in eval mode.
+
+    Runtime-vs-torch decoding tests use it: random weights make greedy choices near ties,
+    where an exported graph's last-ulp differences (oneDNN and OpenVINO pick kernels by
+    ISA) flip the argmax; a trained model's top choices are decisive.
+    """
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for i in range(steps):
+        loss = model.loss(batches[i % len(batches)]).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return model.eval()

@@ -23,6 +23,7 @@ from ..optim import build_optimizer, sparse_gradient_modules
 from ..problems.base import Batch
 from .clipping import clip_grad_norm, clip_via_lr, clip_via_lr_unavailable
 from .host_memory import keep_freed_memory
+from .precision_notices import precision_notices
 from .strategy import Strategy, StrategyError, validate_for_model
 
 __all__ = ["BuiltStep", "build_step", "OptimizerFactory", "WrapFn", "LossFn", "PhaseHook", "StepResult",
@@ -114,6 +115,7 @@ class TrainStep:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.fallback_reason: str | None = None
         self.report: list[str] = []
+        self.notices: list[str] = []       # what the user must be told (the Trainer shows these)
         self.phase: PhaseHook = _no_phase
         self.clip_via_lr = False
         if clip_via_lr and max_grad_norm > 0 and grad_scaler is None:
@@ -217,7 +219,8 @@ def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> list[
 
 
 def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.optim.Optimizer,
-                 strategy: Strategy, **kwargs: Any) -> TrainStep:
+                 strategy: Strategy, *, report: Sequence[str] = (), notices: Sequence[str] = (),
+                 **kwargs: Any) -> TrainStep:
     """The whole-step callable for ``strategy`` (called by :func:`build_step`,
     which validates the strategy and builds the optimizer first).
 
@@ -225,6 +228,7 @@ def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.opti
     forward+backward FX graph, rewritten by hotloop's passes and run by hotloop's
     executor (``GraphTrainStep``). ``"inductor"``: the loss is ``torch.compile``d.
     Both capture backends fall back to eager, recording why in ``step.fallback_reason``.
+    ``report`` and ``notices`` (lines from the builder) open the step's own lists.
     """
     # process-wide, once: the step's large buffers stop page-faulting (engine/host_memory.py)
     changes = wire_fused_optimizer(optimizer, strategy.fused_optimizer) + [keep_freed_memory()]
@@ -241,7 +245,9 @@ def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.opti
         step = InductorTrainStep(model, loss_fn, optimizer, strategy, **kwargs)
     else:
         step = TrainStep(model, loss_fn, optimizer, strategy, **kwargs)
+    step.report[:0] = list(report)
     step.report.extend(changes)
+    step.notices.extend(notices)
     return step
 
 
@@ -274,12 +280,16 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     device = params[0].device if params else torch.device("cpu")
     strategy.validate(device)
     validate_for_model(strategy, model)
+    formulation = _use_formulation(model, strategy)
+    notices = precision_notices(strategy.precision, device, model)
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # before the optimizer: parameters keep identity
     from .program import model_phases
     phases = model_phases(model) if loss_fn is None else None
     if phases:
-        return _build_program(model, hp, strategy, phases, optimizer, wrap, max_grad_norm, device)
+        built = _build_program(model, hp, strategy, phases, optimizer, wrap, max_grad_norm, device)
+        built.step.notices.extend(notices)
+        return built
     if optimizer is not None:
         opt = optimizer(params, strategy.fused_optimizer)
     else:
@@ -290,8 +300,18 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     train_model, opt, no_sync = wrap(model, opt) if wrap is not None else (model, opt, None)
     clip = hp.max_grad_norm if max_grad_norm is None else max_grad_norm
     step = compile_step(train_model, loss_fn, opt, strategy, max_grad_norm=clip, grad_scaler=scaler,
-                        no_sync=no_sync, clip_via_lr=hp.clip_via_lr)
+                        no_sync=no_sync, clip_via_lr=strategy.clip_via_lr, report=formulation, notices=notices)
     return BuiltStep(step, opt, train_model, scaler)
+
+
+def _use_formulation(model: nn.Module, strategy: Strategy) -> list[str]:
+    """Hand the Strategy's formulation to a model that reads one; the report lines."""
+    use = getattr(model, "use_formulation", None)
+    if use is None:
+        return []
+    use(strategy.formulation)
+    changed = strategy.formulation.changed()
+    return [f"formulation: {', '.join(f'{k}={v}' for k, v in changed.items())}"] if changed else []
 
 
 def _build_program(model: nn.Module, hp: HParams, strategy: Strategy, phases: list[Any],
@@ -307,7 +327,7 @@ def _build_program(model: nn.Module, hp: HParams, strategy: Strategy, phases: li
                   else build_optimizer(p.parameters, hp, fused=fused) for p in phases}
     report = [line for opt in optimizers.values() for line in wire_fused_optimizer(opt, fused)]
     report.append(keep_freed_memory())
-    if hp.clip_via_lr:
+    if strategy.clip_via_lr:
         report.append("clip: not folded into the learning rate (a phased step clips each phase's gradients)")
     if strategy.channels_last:
         phases = [Phase(p.name, _channels_last_inputs(p.loss_fn), p.parameters) for p in phases]

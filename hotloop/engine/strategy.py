@@ -16,6 +16,7 @@ import torch
 
 from ..errors import UserError
 from ..hparams import HParamsError, apply_overrides, parse_overrides
+from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
 
 __all__ = ["Strategy", "StrategyError", "validate_for_model"]
 
@@ -53,6 +54,20 @@ class Strategy:
     # data parallel
     data_parallel: str = "none"         # "none" | "allreduce" | "reduce"
     bucket_mb: float = 25.0
+    # formulation: how the model computes the same math (models/formulation.py; read by the
+    # models that name them in ``formulation_fields``). Every default is the plain fp32 one.
+    lstm_impl: str = "fused"            # "fused" (nn.LSTM) | "unrolled" | "hoisted" | "bptt"
+    lstm_gemm_dtype: str = "fp32"       # bptt GEMM operands "fp32" | "bf16" (changes rounding)
+    fused_ce: bool = False              # chunked output projection + cross-entropy
+    ce_chunk_rows: int = 0              # rows of logits live at once in fused_ce (0: its default)
+    ce_gemm_dtype: str = "fp32"         # fused_ce GEMM operands "fp32" | "bf16" (changes rounding)
+    dropout_masks: str = "bernoulli"    # "bernoulli" | "bits16" (other random draws, same rate)
+    clip_via_lr: bool = False           # plain SGD: clip by scaling the step's lr (changes rounding)
+
+    @property
+    def formulation(self) -> Formulation:
+        """The formulation fields as the typed object models read."""
+        return Formulation(**{name: getattr(self, name) for name in FORMULATION_FIELDS})
 
     def replace(self, **changes: Any) -> "Strategy":
         return dataclasses.replace(self, **changes)
@@ -137,6 +152,10 @@ class Strategy:
             if unknown:
                 raise StrategyError(f"strategy disabled_passes: unknown pass(es) {unknown}; "
                                     f"known: {list(PASS_NAMES)}")
+        try:
+            self.formulation.check()
+        except FormulationError as exc:
+            raise StrategyError(str(exc)) from None
         if self.cuda_graphs and self.backend != "inductor":
             raise StrategyError("strategy cuda_graphs=True is served by torch.compile's "
                                 "reduce-overhead mode: set backend=inductor")
@@ -144,7 +163,14 @@ class Strategy:
 
 
 def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
-    """Reject settings that do not apply to ``model`` (sparse gradients, channels_last without convs)."""
+    """Reject settings that do not apply to ``model`` (sparse gradients, channels_last without convs,
+    formulation fields the model does not read)."""
+    reads = set(getattr(model, "formulation_fields", ()))
+    foreign = sorted(set(strategy.formulation.changed()) - reads)
+    if foreign:
+        raise StrategyError(f"strategy {', '.join(foreign)}: {type(model).__name__} does not read "
+                            f"{'this formulation field' if len(foreign) == 1 else 'these formulation fields'}"
+                            f" (it reads {sorted(reads) or 'none'})")
     from ..optim import sparse_gradient_modules
     sparse = sparse_gradient_modules(model)
     if sparse and strategy.fused_optimizer:

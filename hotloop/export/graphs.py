@@ -17,12 +17,14 @@ Batch and sequence axes are dynamic (named ``batch``, ``seq``, ``target_seq``).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..models.formulation import Formulation
 from ..problems.base import NUM_RESERVED
 from .errors import ExportError
 
@@ -173,17 +175,14 @@ def example_inputs(model: nn.Module, batch: int = 2, seq: int = 5, *, seed: int 
 def inference_form(model: nn.Module) -> nn.Module:
     """The same function in a formulation that exports with a dynamic time axis.
 
-    ``lstm_lm``'s hand-written recurrences (``lstm_impl`` unrolled/hoisted/bptt)
-    loop over time in Python, which a graph capture unrolls to a fixed length;
-    they share ``nn.LSTM``'s parameters, so the model is rebuilt with the fused
-    ``nn.LSTM`` formulation and the same weights.
+    ``lstm_lm``'s hand-written recurrences (formulation ``lstm_impl`` unrolled/hoisted/
+    bptt) loop over time in Python, which a graph capture unrolls to a fixed length;
+    they share ``nn.LSTM``'s parameters, so a copy of the model computes with the
+    plain formulation (``nn.LSTM``, fp32 GEMMs) and the same weights.
     """
-    hp = model.hp
-    if getattr(hp, "lstm_impl", "fused") == "fused":
+    formulation = getattr(model, "formulation", None)
+    if formulation is None or formulation.lstm_impl == "fused":
         return model
-    changes = {"lstm_impl": "fused"}
-    if hasattr(hp, "lstm_gemm_dtype"):
-        changes["lstm_gemm_dtype"] = "fp32"
-    rebuilt = type(model)(hp.replace(**changes), model.spec)
-    rebuilt.load_state_dict(model.state_dict())
-    return rebuilt.to(next(model.parameters()).device).eval()
+    plain = copy.deepcopy(model)
+    plain.use_formulation(Formulation())
+    return plain.eval()

@@ -105,7 +105,8 @@ def openvino_runner(path: str | Path, *, precision: str = "fp32", threads: int =
     """Compile ``path`` (``.xml`` IR or ``.onnx``) for the CPU with an explicit inference precision.
 
     ``INFERENCE_PRECISION_HINT`` is always set: left alone, OpenVINO runs bf16
-    on CPUs with AMX/AVX512-BF16 even for an f32 model.
+    on CPUs with AMX/AVX512-BF16 even for an f32 model. At fp32, dynamic quantization is off
+    too (``DYNAMIC_QUANTIZATION_GROUP_SIZE=0``): fp32 means fp32 on every ISA.
     """
     if precision not in OV_PRECISIONS:
         raise ExportError(f"unknown OpenVINO precision {precision!r}; choose one of {list(OV_PRECISIONS)}")
@@ -119,6 +120,8 @@ def openvino_runner(path: str | Path, *, precision: str = "fp32", threads: int =
         raise ExportFileError(path, f"not a loadable OpenVINO/ONNX model (truncated or corrupt?): "
                                     f"{_detail(exc)}") from None
     config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": OV_PRECISIONS[precision], "PERFORMANCE_HINT": "LATENCY"}
+    if precision == "fp32":     # left alone, OpenVINO quantizes fully connected inputs to 8 bits per
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0        # group on some CPUs (seen under AVX2)
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
     try:
@@ -132,7 +135,9 @@ def openvino_runner(path: str | Path, *, precision: str = "fp32", threads: int =
     def call(inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         feeds: Any = list(inputs) if input_names is None else _feeds(input_names, inputs, accepted)
         result = request.infer(feeds)
-        return [np.asarray(result[port]) for port in outputs]
+        # copies: the request may reuse its output buffers on the next call (a decoder's cache
+        # from step t must survive step t + 1)
+        return [np.array(result[port], copy=True) for port in outputs]
 
     return Runner("openvino", precision, call, "CPU")
 

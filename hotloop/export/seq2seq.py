@@ -27,12 +27,13 @@ import torch
 from torch import Tensor, nn
 
 from ..models.encoder_decoder import START_ID, DecodeState, EncoderDecoder
+from ..ops.cpu_isa import cpu_isa
 from ..problems.base import NUM_RESERVED, PAD_ID
 from .errors import ExportError
 from .graphs import GraphSignature
 from .runtimes import Runner
 
-__all__ = ["supports_incremental", "seq2seq_graphs", "cache_init", "Seq2SeqGraph", "RuntimeDecoder",
+__all__ = ["openvino_decoding_unavailable", "supports_incremental", "seq2seq_graphs", "cache_init", "Seq2SeqGraph", "RuntimeDecoder",
            "RuntimeDecodeState", "load_decoder"]
 
 
@@ -200,6 +201,20 @@ class RuntimeDecoder:
         return outputs[0], replace(state, cache=tuple(outputs[1:]), steps=state.steps + 1)
 
 
+def openvino_decoding_unavailable(runtime: str) -> str | None:
+    """Why cached decoding on ``runtime`` is refused on this CPU (None: it is not).
+
+    OpenVINO 2026.4's CPU kernels without AVX-512 (a Zen 3 CPU, or ``ONEDNN_MAX_CPU_ISA=AVX2``)
+    return decoder-step logits that leave torch's once the cache holds 8 steps: measured on a
+    tiny transformer, within 5e-7 for steps 1-7, then 0.3 to 1.2 (ONNX Runtime stays within
+    5e-7 throughout), so greedy and beam outputs are wrong there.
+    """
+    if runtime != "openvino" or "avx512" in cpu_isa().usable:
+        return None
+    return ("OpenVINO's cached decoding gives wrong logits from step 8 on CPUs without AVX-512 "
+            f"(usable ISA {cpu_isa().describe()}); decode with --runtime onnxruntime")
+
+
 def load_decoder(export_dir: str | Path, runtime: str = "onnxruntime", *, precision: str = "fp32",
                  threads: int = 0) -> RuntimeDecoder:
     """A :class:`RuntimeDecoder` over the ``encoder`` and ``decoder_step`` graphs of an ONNX/OpenVINO export."""
@@ -210,6 +225,9 @@ def load_decoder(export_dir: str | Path, runtime: str = "onnxruntime", *, precis
     if not decoding:
         raise ExportError(f"{export_dir} has no encoder/decoder_step graphs: export a seq2seq model with "
                           f"incremental decoding as onnx or openvino")
+    refusal = openvino_decoding_unavailable(runtime)
+    if refusal:
+        raise ExportError(refusal)
     encoder = load_runtime(export_dir, runtime, graph="encoder", precision=precision, threads=threads)
     decoder = load_runtime(export_dir, runtime, graph="decoder_step", precision=precision, threads=threads)
     return RuntimeDecoder(encoder, decoder, decoding["cache_init"], decoding.get("max_decode_length"))

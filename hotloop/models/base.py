@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..hparams import HParams
+from .formulation import Formulation, FormulationError, FormulationOption
 from ..problems.base import PAD_ID, Batch, ProblemSpec
 
 __all__ = ["LossOutput", "SequenceModel", "token_stats", "count", "ModelMismatchError"]
@@ -84,6 +85,8 @@ class SequenceModel(nn.Module):
     tasks: ClassVar[tuple[str, ...]] = ("seq2seq",)
     #: the HParams class whose fields the model reads; others are refused with a clear error
     hparams_class: ClassVar[type[HParams]] = HParams
+    #: the Strategy formulation fields the model reads (:mod:`hotloop.models.formulation`)
+    formulation_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, hp: HParams, spec: ProblemSpec) -> None:
         super().__init__()
@@ -97,6 +100,19 @@ class SequenceModel(nn.Module):
                 f"are {type(hp).__name__}; pick an hparams set that returns {self.hparams_class.__name__}")
         self.hp = hp
         self.spec = spec
+        self.formulation = Formulation()
+
+    def use_formulation(self, formulation: Formulation) -> None:
+        """Compute with ``formulation`` from now on (the step builder calls this with the
+        Strategy's); fields outside ``formulation_fields`` must keep their plain values."""
+        foreign = sorted(set(formulation.check().changed()) - set(self.formulation_fields))
+        if foreign:
+            raise FormulationError(f"{type(self).__name__} does not read formulation field(s) {foreign}")
+        self.formulation = formulation
+
+    def formulation_options(self) -> list[FormulationOption]:
+        """Alternative formulations worth timing for these hparams (none by default)."""
+        return []
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         """Return ``(logits [B, T, V], new_state)``."""

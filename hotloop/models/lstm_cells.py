@@ -28,10 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..ops.cpu_isa import cpu_isa
 from ..ops.dropout import dropout as apply_dropout
 from .lstm_bptt import lstm_layer_bptt
 
-__all__ = ["LSTM_IMPLS", "LSTMState", "run_lstm", "LSTMImplError"]
+__all__ = ["LSTM_IMPLS", "LSTMState", "run_lstm", "LSTMImplError", "bf16_lstm_unavailable", "nn_lstm"]
 
 LSTMState = tuple[Tensor, Tensor]
 
@@ -60,8 +61,34 @@ def _fused_layer(rnn: nn.LSTM, layer: int, x: Tensor, h: Tensor, c: Tensor) -> t
     return y, h_n[0], c_n[0]
 
 
+def bf16_lstm_unavailable(x: Tensor) -> str | None:
+    """Why ``nn.LSTM`` on ``x`` cannot run under the active bf16 autocast (None: it can).
+
+    oneDNN has a bf16 LSTM primitive only on CPUs with AVX512-BF16 or AMX (usable, see
+    :func:`hotloop.ops.cpu_isa.cpu_isa`); elsewhere nn.LSTM raises under CPU bf16 autocast.
+    """
+    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return None
+    if torch.get_autocast_dtype("cpu") != torch.bfloat16 or cpu_isa().fast_bf16:
+        return None
+    return f"oneDNN has no bf16 LSTM on this CPU (usable ISA: {cpu_isa().describe()})"
+
+
+def nn_lstm(rnn: nn.LSTM, x: Tensor, state: LSTMState | None = None) -> tuple[Tensor, LSTMState]:
+    """``rnn(x, state)``; in fp32 (the rest of the model stays bf16) where bf16 autocast is on
+    but oneDNN has no bf16 LSTM (:func:`bf16_lstm_unavailable`)."""
+    if bf16_lstm_unavailable(x) is None:
+        return rnn(x, state)
+    with torch.autocast("cpu", enabled=False):
+        return rnn(x.float(), None if state is None else (state[0].float(), state[1].float()))
+
+
 def _fused(rnn: nn.LSTM, x: Tensor, state: LSTMState, dropout: float, training: bool,
            gemm_dtype: torch.dtype | None = None, masks: str = "bernoulli") -> tuple[Tensor, LSTMState]:
+    if bf16_lstm_unavailable(x) is not None:     # nn.LSTM in fp32; the rest of the model stays bf16
+        with torch.autocast("cpu", enabled=False):
+            return _fused(rnn, x.float(), (state[0].float(), state[1].float()), dropout, training,
+                          gemm_dtype, masks)
     if masks != "bernoulli" and dropout > 0 and training and rnn.num_layers > 1:
         return _stack(_fused_layer, rnn, x, state, dropout, training, masks)
     y, (h, c) = rnn(x, state)

@@ -1,8 +1,10 @@
 """LSTM language model (Zaremba, Sutskever & Vinyals 2014) for streamed LM problems.
 
 embedding -> dropout -> stacked LSTM (dropout between layers) -> dropout -> softmax.
-The LSTM formulation (``lstm_impl``) and the output + loss formulation
-(``fused_ce``) are interchangeable: same parameters, same function.
+How the LSTM (``lstm_impl``, ``lstm_gemm_dtype``), the output + loss (``fused_ce``,
+``ce_chunk_rows``, ``ce_gemm_dtype``) and the dropout masks (``dropout_masks``) are
+computed is the Strategy's formulation (:mod:`hotloop.models.formulation`), not an
+hparam: same parameters, same function, timed by ``--strategy auto``.
 
 Loss: with ``loss_sum_over_time`` (Zaremba) the backpropagated loss is the
 summed NLL divided by the batch size (mean over the batch, summed over time);
@@ -17,30 +19,29 @@ import torch
 from torch import Tensor, nn
 
 from ..hparams import HParams
-from ..ops.dropout import check_dropout_masks
 from ..ops.dropout import dropout as apply_dropout
 from ..problems.base import Batch, ProblemSpec
 from ..registry import hparams_sets, models
 from .base import LossOutput, SequenceModel, count, token_stats
+from .formulation import FORMULATION_FIELDS, FormulationOption
 from .fused_ce import linear_cross_entropy
-from .lstm_cells import LSTM_IMPLS, LSTMImplError, LSTMState, run_lstm
+from .lstm_cells import LSTMState, run_lstm
 
-__all__ = ["LSTMLM", "LSTMLMHParams", "FASTEST", "FASTEST_WIDE", "lstm_lm_small", "lstm_lm_medium", "lstm_lm_large",
-           "lstm_lm_example"]
+__all__ = ["LSTMLM", "LSTMLMHParams", "lstm_lm_small", "lstm_lm_medium", "lstm_lm_large", "lstm_lm_example",
+           "WIDE_HIDDEN"]
+
+#: hidden size from which the hand-written BPTT with bf16 GEMMs is worth timing: its per-step
+#: GEMM is weight-bandwidth bound there, while at 200 nn.LSTM's per-step overhead dominates
+#: (docs/results.md, the LSTM ladder)
+WIDE_HIDDEN = 650
 
 
 @dataclass(frozen=True)
 class LSTMLMHParams(HParams):
-    """Zaremba-style LSTM LM fields on top of :class:`HParams`."""
+    """Zaremba-style LSTM LM fields on top of :class:`HParams` (the math a paper reports)."""
 
-    lstm_impl: str = "fused"          # "fused" | "unrolled" | "hoisted" | "bptt" (same math)
-    lstm_gemm_dtype: str = "fp32"     # "fp32" | "bf16": GEMM operand dtype of lstm_impl=bptt
-    fused_ce: bool = True             # chunked output projection + cross-entropy
-    ce_chunk_rows: int = 0            # rows of logits live at once in fused_ce (0: its default)
-    ce_gemm_dtype: str = "fp32"       # "fp32" | "bf16": operand dtype of the fused_ce GEMMs
     loss_sum_over_time: bool = True   # loss = NLL summed over time, mean over batch
     tie_embeddings: bool = False
-    dropout_masks: str = "bernoulli"  # "bernoulli" (F.dropout) | "bits16" (hotloop.ops.dropout)
 
 
 _GEMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
@@ -52,20 +53,11 @@ class LSTMLM(SequenceModel):
 
     tasks = ("lm",)
     hparams_class = LSTMLMHParams
+    formulation_fields = FORMULATION_FIELDS
     hp: LSTMLMHParams
 
     def __init__(self, hp: LSTMLMHParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
-        impl = hp.lstm_impl
-        if impl not in LSTM_IMPLS:
-            raise LSTMImplError(f"unknown lstm_impl {impl!r}; choose one of {sorted(LSTM_IMPLS)}")
-        for field, value in (("ce_gemm_dtype", hp.ce_gemm_dtype), ("lstm_gemm_dtype", hp.lstm_gemm_dtype)):
-            if value not in _GEMM_DTYPES:
-                raise ValueError(f"unknown {field} {value!r}; choose one of {list(_GEMM_DTYPES)}")
-        check_dropout_masks(hp.dropout_masks, "dropout_masks")
-        if hp.lstm_gemm_dtype != "fp32" and impl != "bptt":
-            raise ValueError(f"lstm_gemm_dtype={hp.lstm_gemm_dtype} needs lstm_impl=bptt (got lstm_impl={impl}); "
-                             f"for nn.LSTM use the strategy's precision=bf16 instead")
         vocab, hidden = spec.target_vocab_size, hp.hidden_size
         self.embedding = nn.Embedding(vocab, hidden)
         self.rnn = nn.LSTM(hidden, hidden, hp.num_layers,
@@ -74,6 +66,23 @@ class LSTMLM(SequenceModel):
         if hp.tie_embeddings:
             self.output.weight = self.embedding.weight
         self.init_weights()
+
+    def formulation_options(self) -> list[FormulationOption]:
+        """The fused output+CE (fp32 or with bf16 GEMM operands) and, from WIDE_HIDDEN up,
+        the hand-written BPTT with bf16 GEMM operands."""
+        options = [
+            FormulationOption("fused_ce", {"fused_ce": True},
+                              "chunked output projection + cross-entropy (no [T*B, V] logits kept)",
+                              expected_gain=0.3),
+            FormulationOption("fused_ce bf16", {"fused_ce": True, "ce_gemm_dtype": "bf16"},
+                              "fused output+CE with bf16 GEMM operands (fp32 softmax and gradients)",
+                              rounding="bf16", needs_fast_bf16=True, expected_gain=0.5)]
+        if self.hp.hidden_size >= WIDE_HIDDEN:
+            options.append(FormulationOption(
+                "bptt bf16", {"lstm_impl": "bptt", "lstm_gemm_dtype": "bf16"},
+                "hand-written BPTT LSTM with bf16 GEMM operands (fp32 gates and state)",
+                rounding="bf16", needs_fast_bf16=True, expected_gain=0.3))
+        return options
 
     # -- state ---------------------------------------------------------------
     def initial_state(self, batch_size: int, device: torch.device) -> LSTMState:
@@ -95,10 +104,11 @@ class LSTMLM(SequenceModel):
         """inputs [B, T] -> top-layer outputs [T, B, H] (after output dropout), new state."""
         batch = inputs.shape[0]
         state = self._state_or_zeros(state, batch, inputs.device)
-        drop, masks = self.hp.dropout, self.hp.dropout_masks
+        form = self.formulation
+        drop, masks = self.hp.dropout, form.dropout_masks
         x = apply_dropout(self.embedding(inputs.t()), drop, self.training, masks)   # [T, B, H]
-        y, new_state = run_lstm(self.hp.lstm_impl, self.rnn, x, state, dropout=drop, training=self.training,
-                                gemm_dtype=self._gemm_dtype(self.hp.lstm_gemm_dtype), dropout_masks=masks)
+        y, new_state = run_lstm(form.lstm_impl, self.rnn, x, state, dropout=drop, training=self.training,
+                                gemm_dtype=self._gemm_dtype(form.lstm_gemm_dtype), dropout_masks=masks)
         return apply_dropout(y, drop, self.training, masks), new_state              # [T, B, H]
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, LSTMState]:
@@ -112,14 +122,15 @@ class LSTMLM(SequenceModel):
 
     def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:
         targets = batch["targets"]                                       # [B, T]
-        if self.hp.fused_ce and not with_accuracy:
+        form = self.formulation
+        if form.fused_ce and not with_accuracy:
             y, new_state = self.hidden_states(batch["inputs"], state)    # [T, B, H]
             flat_targets = targets.t().reshape(-1)                       # [T*B], time-major
             nll = linear_cross_entropy(y.reshape(-1, y.shape[-1]), self.output.weight,
                                        self.output.bias, flat_targets,
                                        ignore_index=self.spec.pad_id,
-                                       chunk_rows=self.hp.ce_chunk_rows or None,
-                                       gemm_dtype=self._gemm_dtype(self.hp.ce_gemm_dtype))
+                                       chunk_rows=form.ce_chunk_rows or None,
+                                       gemm_dtype=self._gemm_dtype(form.ce_gemm_dtype))
             pad = self.spec.pad_id
             tokens = (flat_targets != pad).sum() if pad >= 0 else count(flat_targets.numel(), targets)
             stats = {"nll_sum": nll.detach(), "tokens": tokens, "examples": count(targets.shape[0], targets)}
@@ -136,27 +147,13 @@ class LSTMLM(SequenceModel):
         return LossOutput(loss, stats, new_state, logits)
 
 
-# The fastest formulations measured on the 2-core AVX512-BF16 CPU (docs/results.md):
-# the chunked fused output/cross-entropy with bf16 GEMM operands (fp32 softmax
-# accumulation, loss and gradients) everywhere; for the LSTM, oneDNN's nn.LSTM at
-# hidden 200 (per-step overhead dominates) and the hand-written BPTT with bf16 GEMM
-# operands from hidden 650 up (the per-step GEMM is weight-bandwidth bound).
-# Dropout masks from 16-bit draws (a quarter of bernoulli_'s generator calls) and the
-# clip factor folded into the plain-SGD step (one pass less over every gradient).
-# Use ce_gemm_dtype=fp32 (and lstm_gemm_dtype=fp32) for fp32 math.
-FASTEST = {"lstm_impl": "fused", "fused_ce": True, "ce_gemm_dtype": "bf16", "dropout_masks": "bits16",
-           "clip_via_lr": True}
-FASTEST_WIDE = {**FASTEST, "lstm_impl": "bptt", "lstm_gemm_dtype": "bf16"}
-
-
 def _zaremba(hidden: int, steps: int, init: float, max_epoch: int, max_max_epoch: int,
              decay: float, dropout: float, clip: float) -> LSTMLMHParams:
     return LSTMLMHParams(
         hidden_size=hidden, num_layers=2, max_length=steps, batch_size=20, init_scale=init,
         optimizer="sgd", learning_rate=1.0, lr_schedule="epoch_decay", lr_decay=decay,
         lr_decay_start_epoch=max_epoch, max_epochs=max_max_epoch, dropout=dropout,
-        max_grad_norm=clip, weight_decay=0.0, loss_sum_over_time=True,
-        **(FASTEST if hidden < 650 else FASTEST_WIDE))
+        max_grad_norm=clip, weight_decay=0.0, loss_sum_over_time=True)
 
 
 @hparams_sets.register("lstm_lm_small")
@@ -183,4 +180,4 @@ def lstm_lm_example() -> LSTMLMHParams:
     return LSTMLMHParams(
         hidden_size=200, num_layers=2, max_length=35, batch_size=20, init_scale=0.1,
         optimizer="sgd", learning_rate=20.0, lr_schedule="plateau", lr_decay=0.25,
-        max_epochs=40, dropout=0.2, max_grad_norm=0.25, loss_sum_over_time=False, **FASTEST)
+        max_epochs=40, dropout=0.2, max_grad_norm=0.25, loss_sum_over_time=False)

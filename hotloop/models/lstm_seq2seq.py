@@ -13,6 +13,7 @@ from ..problems.algorithmic import AlgorithmicHParams
 from ..problems.base import PAD_ID
 from ..registry import hparams_sets, models
 from .encoder_decoder import DecodeState, EncoderDecoder, Seq2SeqHParams
+from .lstm_cells import nn_lstm
 
 __all__ = ["LSTMSeq2Seq", "LSTMAttentionBody", "lstm_seq2seq_multi30k"]
 
@@ -30,13 +31,13 @@ class LSTMAttentionBody(nn.Module):
         self.combine = nn.Linear(2 * h, h)
 
     def forward(self, src: Tensor, tgt: Tensor, src_pad: Tensor) -> Tensor:
-        memory, state = self.encoder(src)                   # [B, S, H]
+        memory, state = nn_lstm(self.encoder, src)          # [B, S, H]
         return self.decode(tgt, memory, src_pad, state)[0]
 
     def decode(self, tgt: Tensor, memory: Tensor, src_pad: Tensor, state: LSTMState
                ) -> tuple[Tensor, LSTMState]:
         """Decoder LSTM from ``state`` over tgt [B, T, H], attending to memory [B, S, H] -> [B, T, H]."""
-        out, state = self.decoder(tgt, state)               # [B, T, H]
+        out, state = nn_lstm(self.decoder, tgt, state)      # [B, T, H]
         scores = out @ memory.transpose(1, 2)               # [B, T, S]
         scores = scores.masked_fill(src_pad[:, None, :], float("-inf"))
         context = torch.softmax(scores, dim=-1) @ memory    # [B, T, H]
@@ -53,7 +54,7 @@ class LSTMSeq2Seq(EncoderDecoder):
 
     def encode_for_decoding(self, inputs: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
         """The source cache is the encoder's final (h, c), each stored batch-first [B, L, H]."""
-        memory, (h, c) = self.body.encoder(self.src_bottom(inputs))    # [B, S, H], [L, B, H]
+        memory, (h, c) = nn_lstm(self.body.encoder, self.src_bottom(inputs))   # [B, S, H], [L, B, H]
         return memory, inputs == PAD_ID, (h.transpose(0, 1), c.transpose(0, 1))
 
     def empty_cache(self, state: DecodeState) -> tuple[Tensor, ...]:

@@ -29,9 +29,13 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.parity import REFERENCE, ParityCase, check_parity, default_tolerance
 from ..engine.strategy import Strategy
+from ..errors import UserError
 from ..hparams import HParams
+from ..models.formulation import FormulationOption
+from ..optim import build_optimizer
 from ..problems.base import Batch, Problem
 from .hardware import HardwareInfo, detect_hardware
 from .isolation import applied_strategy, preserved_process_state
@@ -80,6 +84,23 @@ def read_batches(problem: Problem, hp: HParams, count: int, device: torch.device
 def _engine_backends() -> tuple[str, ...]:
     """Capture backends the engine provides."""
     return ("graph", "inductor")
+
+
+def _formulation_options(model: nn.Module) -> list[FormulationOption]:
+    options = getattr(model, "formulation_options", None)
+    return list(options()) if callable(options) else []
+
+
+def _clip_foldable(hp: HParams, device: torch.device) -> bool:
+    """Whether the clip factor can fold into the learning rate (engine/clipping.py's conditions)."""
+    if hp.max_grad_norm <= 0:
+        return False
+    probe = torch.nn.Parameter(torch.zeros(1))
+    try:
+        optimizer = build_optimizer([probe], hp, fused=False)
+    except (UserError, ValueError, TypeError):   # an optimizer that cannot be built: the trials say why
+        return False
+    return clip_via_lr_unavailable(optimizer, device) is None
 
 
 def _load_average() -> float:
@@ -176,7 +197,7 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
     floors: dict[tuple[int, str], float] = {}
 
     def floor_for(trial: Trial) -> Callable[[int], float]:
-        precision = trial.strategy.precision
+        precision = "bf16" if trial.strategy.formulation.bf16_gemms else trial.strategy.precision
 
         def floor(steps: int) -> float:      # measured once, and only for a candidate that needs it
             if (steps, precision) not in floors:
@@ -255,7 +276,8 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         reader = ReaderFacts(reader_s, eager_s)
         load = _load_average()
         proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(),
-                            load=load)
+                            load=load, formulations=_formulation_options(model),
+                            clip_foldable=_clip_foldable(hp, device))
         proposals = list(extra_proposals) + proposals          # the caller's own candidates first
         ordered = candidate_order([p for p in proposals if p.timed])
         pending = [Trial(p.label, p.apply(baseline_s), p.rule, compile_cost=p.compile_cost) for p in ordered]

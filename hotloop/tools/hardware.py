@@ -1,4 +1,6 @@
-"""Facts about this machine: cores, CPU bf16 support, CUDA, and a measured GEMM peak.
+"""Facts about this machine: cores, CPU instruction sets (AVX2, AVX-512, AVX512-BF16, AMX,
+as capped by ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY``), CUDA bf16/TF32, and a
+measured GEMM peak.
 
 The GEMM peak (fp32 and bf16 matmul FLOP/s) is measured once with a short
 benchmark and cached as JSON next to the autotune cache, keyed by the
@@ -9,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -17,9 +18,12 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["HardwareInfo", "detect_hardware", "GemmPeak", "gemm_peak", "cache_dir"]
+from ..ops.cpu_isa import cpu_isa
 
-_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+__all__ = ["HardwareInfo", "detect_hardware", "GemmPeak", "gemm_peak", "cache_dir", "machine_header"]
+
+#: the usable instruction sets that make CPU bf16 matmuls fast, by their /proc/cpuinfo names
+_BF16_CPU_FLAGS = {"avx512_bf16": "avx512_bf16", "amx": "amx_bf16"}
 
 
 def cache_dir() -> Path:
@@ -33,13 +37,25 @@ class HardwareInfo:
     device: str                 # "cpu" | "cuda"
     cores: int                  # CPU cores this process may use
     cpu_model: str
-    cpu_bf16: tuple[str, ...]   # fast-bf16 CPU flags found (AVX512-BF16, AMX)
+    cpu_bf16: tuple[str, ...]   # usable fast-bf16 CPU flags (avx512_bf16, amx_bf16)
     cuda_name: str = ""
     cuda_capability: tuple[int, int] = (0, 0)
+    cpu_isa: tuple[str, ...] = ()   # usable instruction sets (hotloop.ops.cpu_isa.ISA_NAMES)
+    cpu_caps: tuple[str, ...] = ()  # ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY caps in force
 
     @property
     def tensor_cores(self) -> bool:
         return self.device == "cuda" and self.cuda_capability >= (7, 0)
+
+    @property
+    def cuda_bf16(self) -> bool:
+        """bf16 tensor cores (Ampere and newer)."""
+        return self.device == "cuda" and self.cuda_capability >= (8, 0)
+
+    @property
+    def cuda_tf32(self) -> bool:
+        """TF32 tensor cores for fp32 matmuls (Ampere and newer)."""
+        return self.device == "cuda" and self.cuda_capability >= (8, 0)
 
     @property
     def fast_bf16(self) -> bool:
@@ -54,46 +70,33 @@ class HardwareInfo:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
+        isa = ",".join(self.cpu_isa) or "none"
+        if self.cpu_caps:
+            isa += f" (capped by {' '.join(self.cpu_caps)})"
         if self.device == "cuda":
             return (f"cuda {self.cuda_name} (sm_{self.cuda_capability[0]}{self.cuda_capability[1]}, "
-                    f"tensor cores={'yes' if self.tensor_cores else 'no'}), {self.cores} CPU cores")
+                    f"tensor cores={'yes' if self.tensor_cores else 'no'}, "
+                    f"bf16={'yes' if self.cuda_bf16 else 'no'}, tf32={'yes' if self.cuda_tf32 else 'no'}), "
+                    f"{self.cores} CPU cores, CPU ISA {isa}")
         flags = ",".join(self.cpu_bf16) or "none"
-        return f"cpu {self.cpu_model} x{self.cores} cores, fast-bf16 flags: {flags}"
-
-
-def _cpu_flags_and_model() -> tuple[set[str], str]:
-    flags: set[str] = set()
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "flags" and not flags:
-                    flags = set(value.split())
-                elif key == "model name":
-                    model = value.strip()
-                if flags and key == "model name":
-                    break
-    except OSError:
-        pass
-    return flags, model
+        return f"cpu {self.cpu_model} x{self.cores} cores, ISA {isa}, fast-bf16 flags: {flags}"
 
 
 def detect_hardware(device: torch.device | str = "cpu") -> HardwareInfo:
-    """Inspect the machine for ``device`` (cores via affinity, bf16 flags via /proc/cpuinfo)."""
+    """Inspect the machine for ``device`` (cores via affinity, instruction sets via
+    :func:`hotloop.ops.cpu_isa.cpu_isa`)."""
     device = torch.device(device)
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    flags, model = _cpu_flags_and_model()
-    bf16 = tuple(f for f in _BF16_CPU_FLAGS if f in flags)
+    isa = cpu_isa()
+    bf16 = tuple(flag for name, flag in _BF16_CPU_FLAGS.items() if name in isa.usable)
     if device.type == "cuda" and torch.cuda.is_available():
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return HardwareInfo("cuda", cores, model, bf16, torch.cuda.get_device_name(index),
-                            tuple(torch.cuda.get_device_capability(index)))
-    return HardwareInfo("cpu", cores, model, bf16)
+        return HardwareInfo("cuda", cores, isa.model, bf16, torch.cuda.get_device_name(index),
+                            tuple(torch.cuda.get_device_capability(index)), isa.usable, isa.caps)
+    return HardwareInfo("cpu", cores, isa.model, bf16, cpu_isa=isa.usable, cpu_caps=isa.caps)
 
 
 @dataclass(frozen=True)
@@ -172,3 +175,12 @@ def gemm_peak(hw: HardwareInfo | None = None, *, use_cache: bool = True,
         except OSError as exc:
             warnings.warn(f"cannot write GEMM peak cache {path}: {exc}", stacklevel=2)
     return peak
+
+
+def machine_header(script: str = "") -> str:
+    """One line every benchmark prints first: the device, the usable instruction sets (with any
+    ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` cap), torch and its thread count."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    prefix = f"{script}: " if script else ""
+    return (f"# {prefix}{detect_hardware(device).describe()}; torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads")

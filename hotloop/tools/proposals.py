@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.strategy import Strategy
+from ..models.formulation import FormulationOption
 from .hardware import HardwareInfo
 from .model_facts import ModelFacts
 
-__all__ = ["Proposal", "ReaderFacts", "propose", "baseline_strategy", "combine", "candidate_order",
+__all__ = ["Proposal", "ReaderFacts", "propose", "formulation_proposals", "baseline_strategy", "combine", "candidate_order",
            "SMALL_OP_FLOPS", "HEAVY_SHARE", "DATA_BOUND_RATIO"]
 
 SMALL_OP_FLOPS = 2e6      # mean FLOPs per aten op below which dispatch/threading overhead dominates
@@ -101,6 +102,29 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
     return out
 
 
+def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
+                          clip_foldable: bool = False) -> list[Proposal]:
+    """The model's formulation options that fit this hardware, and the clip folded into a
+    plain-SGD learning rate when ``clip_foldable``.
+
+    An option with bf16 GEMM operands is proposed only where bf16 matmuls run in hardware
+    (``hw.fast_bf16``); an option whose changes another proposed option contains is left
+    out (the larger one's leave-one-out candidate times the difference); an option that
+    changes the random stream is never proposed, since no trajectory comparison can
+    confirm it (the user sets it explicitly).
+    """
+    fitting = [o for o in options if o.rounding != "random_stream" and (hw.fast_bf16 or not o.needs_fast_bf16)]
+    kept = [o for o in fitting if not any(
+        other is not o and other.changes.items() > o.changes.items() for other in fitting)]
+    out = [Proposal(o.label, dict(o.changes), f"formulation: {o.why}", expected_gain=o.expected_gain,
+                    tags=("lossy",) if o.rounding == "bf16" else ()) for o in kept]
+    if clip_foldable:
+        out.append(Proposal("clip_via_lr", {"clip_via_lr": True},
+                            "plain SGD with clipping -> clip factor folded into the learning rate "
+                            "(one pass less over every gradient)", expected_gain=0.03))
+    return out
+
+
 def _data_rules(reader: ReaderFacts | None, hw: HardwareInfo, base: Strategy) -> list[Proposal]:
     if reader is None or reader.step_seconds <= 0 or reader.ratio < DATA_BOUND_RATIO:
         return []
@@ -120,14 +144,18 @@ def _data_rules(reader: ReaderFacts | None, hw: HardwareInfo, base: Strategy) ->
 
 def propose(facts: ModelFacts, hw: HardwareInfo, reader: ReaderFacts | None = None, *,
             base: Strategy | None = None, available_backends: tuple[str, ...] = (),
-            load: float = 0.0) -> list[Proposal]:
+            load: float = 0.0, formulations: list[FormulationOption] | None = None,
+            clip_foldable: bool = False) -> list[Proposal]:
     """All proposals for this model/hardware/reader, best expected gain first (timed ones first).
 
     ``load``: the 1-minute load average (``os.getloadavg()[0]``, this process included);
-    other work on the cores makes fewer intra-op threads worth timing.
+    other work on the cores makes fewer intra-op threads worth timing. ``formulations``:
+    the model's formulation options (:func:`formulation_proposals`).
     """
     base = base or baseline_strategy()
-    proposals = _compute_rules(facts, hw, available_backends, load) + _data_rules(reader, hw, base)
+    proposals = (_compute_rules(facts, hw, available_backends, load)
+                 + formulation_proposals(list(formulations or []), hw, clip_foldable)
+                 + _data_rules(reader, hw, base))
     return sorted(proposals, key=lambda p: (not p.timed, -p.expected_gain))
 
 

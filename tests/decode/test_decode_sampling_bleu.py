@@ -34,7 +34,7 @@ def test_filter_logits_top_k_top_p_temperature():
 
 
 def _tiny_lm(vocab: int = 12):
-    hp = get_hparams("lstm_lm_small").replace(hidden_size=16, fused_ce=False)
+    hp = get_hparams("lstm_lm_small").replace(hidden_size=16)
     spec = ProblemSpec("lm", vocab, vocab, 10, 10, streamed=True, pad_id=-1)
     torch.manual_seed(0)
     return models.get("lstm_lm")(hp, spec).eval()

@@ -70,7 +70,7 @@ def test_build_step_folds_the_clip_for_sgd_and_clips_gradients_for_adam() -> Non
     hp = HParams(optimizer="sgd", learning_rate=0.05, max_grad_norm=0.5, weight_decay=0.0)
     ref, folded = _Regressor(), _Regressor()
     ref_step = build_step(ref, hp, Strategy()).step
-    step = build_step(folded, hp.replace(clip_via_lr=True), Strategy()).step
+    step = build_step(folded, hp, Strategy(clip_via_lr=True)).step
     assert "clip: folded into the SGD learning rate" in step.report
     for _ in range(3):
         norm_ref = ref_step([batch]).grad_norm
@@ -80,7 +80,7 @@ def test_build_step_folds_the_clip_for_sgd_and_clips_gradients_for_adam() -> Non
     for a, b in zip(ref.parameters(), folded.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
         assert b.grad is None                                          # gradients released as usual
-    adam = build_step(_Regressor(), hp.replace(optimizer="adam", clip_via_lr=True), Strategy()).step
+    adam = build_step(_Regressor(), hp.replace(optimizer="adam"), Strategy(clip_via_lr=True)).step
     assert not adam.clip_via_lr
     assert "clip: not folded into the learning rate (the optimizer is Adam, not plain SGD)" in adam.report
 
@@ -89,5 +89,5 @@ def test_a_phased_step_says_it_does_not_fold_the_clip() -> None:
     from hotloop.train.build import build_run
     tiny = "image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,batch_size=2,pool_size=2,train_examples=16"
     run = build_run("shapes_unpaired", "cyclegan", "cyclegan_small", tiny)
-    report = build_step(run.model, run.hp.replace(clip_via_lr=True), Strategy(fused_optimizer=False)).step.report
+    report = build_step(run.model, run.hp, Strategy(fused_optimizer=False, clip_via_lr=True)).step.report
     assert "clip: not folded into the learning rate (a phased step clips each phase's gradients)" in report

@@ -10,6 +10,7 @@ import torch
 import hotloop  # noqa: F401 - declares the built-in registry names
 from hotloop.engine import Strategy
 from hotloop.engine.parity import check_parity
+from hotloop.ops.cpu_isa import cpu_isa
 from hotloop.registry import models
 from hotloop.testing import CASES, MissingCaseError, builtin_model_names, model_case, models_without_case
 
@@ -30,6 +31,13 @@ GRAPH_BF16_MODELS = ("mlp", "conv_net")
 #: (cosine -0.06 with eager's); its bf16 quality is compared over a run by benchmarks/zoo.py instead.
 #: cyclegan, deeplabv3plus and mask_rcnn are checked: update size within 1.011, cosine >= 0.61
 BF16_UNCHECKED = {"yolov3": "objectness summed over all cells"}
+
+#: models whose captured fp32 graph is bitwise eager only where ATen runs its AVX-512 kernels: with
+#: AVX2 (a Zen 3 CPU, or ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2) the captured graph's
+#: reductions split differently and yolov3's first loss moved by 1.9e-6 (8e-8 relative); the
+#: relative tolerance that then applies, with the engine's update check
+ISA_ROUNDING = {"yolov3": 1e-6}
+AVX512 = "avx512" in cpu_isa().usable
 
 #: models whose graph capture is known to fall back, and the reason's key phrase
 KNOWN_FALLBACKS = {"lstm_seq2seq": "mkldnn_rnn_layer",
@@ -55,8 +63,9 @@ def test_every_strategy_matches_eager_fp32(name):
     if name in GRAPH_BF16_MODELS:
         strategies["graph_bf16_passes"] = GRAPH_BF16
     for label, strategy in strategies.items():
-        result = check_parity(build, strategy, steps=3)
-        exact = strategy.precision == "fp32"
+        tol = ISA_ROUNDING.get(name) if strategy.backend == "graph" and not AVX512 else None
+        result = check_parity(build, strategy, steps=3, tol=tol)
+        exact = strategy.precision == "fp32" and tol is None
         if not result.ok or (exact and result.max_abs_diff != 0.0):
             failures.append(f"{label}: diff {result.max_abs_diff} losses {result.losses} "
                             f"vs {result.losses_ref} ({result.fallback_reason})")
@@ -69,6 +78,8 @@ def test_every_strategy_matches_eager_fp32(name):
                 failures.append(f"{label}: expected fallback {expected!r}, got {reason!r}")
         if exact:
             assert result.tol == 0.0
+        elif tol is not None:
+            assert result.tol == tol
         else:
             assert result.tol > 0 and result.max_abs_diff > 0.0, f"{label}: bf16 had no effect"
     assert not failures, "\n".join(failures)
@@ -111,7 +122,7 @@ def test_parity_detects_a_difference():
 
 @pytest.mark.timeout(180)
 def test_nn_lstm_captures_with_onednn_off_and_matches_bitwise():
-    build = model_case("lstm_lm", "tiny", steps=2, overrides="lstm_impl=fused")
+    build = model_case("lstm_lm", "tiny", steps=2, formulation="lstm_impl=fused")
     with torch.backends.mkldnn.flags(enabled=False):        # what apply_device_flags(onednn=False) sets
         result = check_parity(build, Strategy(backend="graph", graph_passes=True, onednn=False), steps=2)
     assert result.fallback_reason is None, result.fallback_reason

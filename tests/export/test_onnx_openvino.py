@@ -19,10 +19,13 @@ from hotloop.export import (DataDependentControlFlowError, ExportFileError, expo
 from hotloop.export.graphs import example_inputs, forward_graph  # noqa: E402
 from hotloop.export.runtimes import onnx_runner, openvino_runner  # noqa: E402
 from hotloop.models.conv import ConvNet  # noqa: E402
+from hotloop.models.formulation import Formulation  # noqa: E402
 
 TOL = 1e-4
-# lstm_impl=bptt: the export must switch to the fused nn.LSTM formulation (same weights, dynamic time axis)
-OVERRIDES = {"lstm_lm": "hidden_size=16,num_layers=2,lstm_impl=bptt"}
+# lstm_lm computes with lstm_impl=bptt: the export must switch to the fused nn.LSTM formulation
+# (same weights, dynamic time axis)
+OVERRIDES = {"lstm_lm": "hidden_size=16,num_layers=2"}
+FORMULATION = {"lstm_lm": Formulation(lstm_impl="bptt")}
 EXPECTED_EXPORTER = {"conv_net": "dynamo", "lstm_lm": "torchscript", "transformer": "dynamo"}
 
 
@@ -34,6 +37,8 @@ def exported(tmp_path_factory) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in ("conv_net", "lstm_lm", "transformer"):
         model = tiny_model(name, OVERRIDES.get(name))
+        if name in FORMULATION:
+            model.use_formulation(FORMULATION[name])
         export_model(model, "onnx", root / f"{name}-onnx", model_name=name, graphs=("forward",),
                      log=lambda _msg: None)
         if name == "lstm_lm":

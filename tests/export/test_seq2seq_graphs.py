@@ -10,9 +10,11 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
 
 from export_helpers import tiny_model  # noqa: E402
+from helpers import briefly_trained  # noqa: E402
 
 from hotloop.decode.search import beam_search, greedy_search  # noqa: E402
 from hotloop.export import ExportError, export_model, load_decoder, read_manifest  # noqa: E402
+from hotloop.export.seq2seq import openvino_decoding_unavailable  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.problems.base import PAD_ID, ProblemSpec  # noqa: E402
 from hotloop.registry import models  # noqa: E402
@@ -22,6 +24,17 @@ def _lstm_seq2seq() -> torch.nn.Module:
     hp = get_hparams("lstm_seq2seq_algorithmic", "hidden_size=16,num_layers=2")
     torch.manual_seed(0)
     return models.get("lstm_seq2seq")(hp, ProblemSpec("seq2seq", 20, 20, 16, 17)).eval()
+
+
+def _reversal_batches(count: int = 4) -> list[dict[str, torch.Tensor]]:
+    """Sequence reversal: inputs [8, 6] of tokens 2..19, targets the reversed row then EOS (1)."""
+    gen = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(count):
+        inputs = torch.randint(2, 20, (8, 6), generator=gen)                      # [B, S]
+        targets = torch.cat([inputs.flip(1), torch.ones(8, 1, dtype=torch.long)], dim=1)   # [B, S+1]
+        batches.append({"inputs": inputs, "targets": targets})
+    return batches
 
 
 def _sources(seed: int = 0) -> torch.Tensor:
@@ -34,7 +47,8 @@ def _sources(seed: int = 0) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("s2s")
-    transformer = tiny_model("transformer", "hidden_size=16,num_layers=2,num_heads=2,filter_size=32")
+    transformer = briefly_trained(tiny_model("transformer", "hidden_size=16,num_layers=2,num_heads=2,filter_size=32"),
+                                  _reversal_batches())
     export_model(transformer, "onnx", root / "transformer", model_name="transformer",
                  graphs=("encoder", "decoder_step"), log=lambda _msg: None)
     lstm = _lstm_seq2seq()
@@ -47,6 +61,10 @@ def test_transformer_greedy_on_runtime_equals_torch(exported, runtime):
     model, inputs = exported["transformer"], _sources()
     lengths = torch.tensor([9, 5, 12])
     expected = greedy_search(model, inputs, lengths)
+    if openvino_decoding_unavailable(runtime):     # no AVX-512: refused in one line (see its doc)
+        with pytest.raises(ExportError, match="decode with --runtime onnxruntime"):
+            load_decoder(exported["root"] / "transformer", runtime)
+        return
     decoder = load_decoder(exported["root"] / "transformer", runtime)
     assert torch.equal(greedy_search(decoder, inputs, lengths), expected)
     # step logits too, not only the argmax path
@@ -89,3 +107,12 @@ def test_decoder_of_an_export_without_decoding_graphs(tmp_path):
         load_decoder(tmp_path / "conv")
     with pytest.raises(ExportError, match="none of the graphs"):
         export_model(tiny_model("conv_net"), "onnx", tmp_path / "c2", model_name="conv_net", graphs=("encoder",))
+
+
+def test_openvino_decoding_is_refused_without_avx512_and_onnxruntime_is_not(exported, monkeypatch):
+    import hotloop.export.seq2seq as seq2seq
+    from hotloop.ops.cpu_isa import CpuIsa
+    monkeypatch.setattr(seq2seq, "cpu_isa", lambda: CpuIsa("test", ("avx2",), ("avx2",), ()))
+    with pytest.raises(ExportError, match=r"from step 8 on CPUs without AVX-512 \(usable ISA avx2\)"):
+        load_decoder(exported["root"] / "transformer", "openvino")
+    assert load_decoder(exported["root"] / "transformer", "onnxruntime") is not None

@@ -14,7 +14,8 @@ from hotloop.engine.strategy import Strategy
 from hotloop.hparams import get_hparams
 from hotloop.models.base import ModelMismatchError
 from hotloop.models.fused_ce import linear_cross_entropy
-from hotloop.models.lstm_cells import LSTM_IMPLS, LSTMImplError
+from hotloop.models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
+from hotloop.models.lstm_cells import LSTM_IMPLS
 from hotloop.models.lstm_lm import LSTMLM, lstm_lm_small
 from hotloop.optim import build_optimizer
 from hotloop.problems.base import ProblemSpec
@@ -25,10 +26,17 @@ SPEC = ProblemSpec("lm", VOCAB, VOCAB, streamed=True, pad_id=-1)
 
 
 def tiny_hp(**changes):
-    base = dict(hidden_size=12, max_length=6, batch_size=3, init_scale=0.3, ce_chunk_rows=5,
-                ce_gemm_dtype="fp32")
+    base = dict(hidden_size=12, max_length=6, batch_size=3, init_scale=0.3)
     base.update(changes)
     return lstm_lm_small().replace(**base)
+
+
+def lstm(**changes) -> LSTMLM:
+    """A tiny LSTMLM: hparams fields and Strategy formulation fields (chunks of 5 rows) in one call."""
+    form = {k: changes.pop(k) for k in list(changes) if k in FORMULATION_FIELDS}
+    model = LSTMLM(tiny_hp(**changes), SPEC)
+    model.use_formulation(Formulation(**{"ce_chunk_rows": 5, **form}))
+    return model
 
 
 def make_batch(seed: int = 0, batch: int = 3, steps: int = 6) -> dict[str, torch.Tensor]:
@@ -47,7 +55,7 @@ def loss_and_grads(model: LSTMLM, batch, state):
 
 def reference_model(**changes) -> LSTMLM:
     torch.manual_seed(0)
-    return LSTMLM(tiny_hp(**{"lstm_impl": "fused", "fused_ce": False, **changes}), SPEC)
+    return lstm(**{"lstm_impl": "fused", "fused_ce": False, **changes})
 
 
 @pytest.mark.parametrize("impl", sorted(LSTM_IMPLS))
@@ -57,7 +65,7 @@ def test_formulations_match_fused_reference(impl: str, fused_ce: bool) -> None:
     batch = make_batch()
     state = tuple(s + 0.1 * torch.randn_like(s) for s in ref.initial_state(3, torch.device("cpu")))
     ref_out, ref_grads = loss_and_grads(ref, batch, state)
-    model = LSTMLM(tiny_hp(lstm_impl=impl, fused_ce=fused_ce), SPEC)
+    model = lstm(lstm_impl=impl, fused_ce=fused_ce)
     # identical parameter names and shapes: checkpoints interchange
     assert {n: p.shape for n, p in model.named_parameters()} == \
            {n: p.shape for n, p in ref.named_parameters()}
@@ -78,7 +86,7 @@ def test_forward_logits_match_between_impls() -> None:
     logits, _ = ref(batch)
     assert logits.shape == (3, 6, VOCAB)
     for impl in LSTM_IMPLS:
-        other = LSTMLM(tiny_hp(lstm_impl=impl), SPEC)
+        other = lstm(lstm_impl=impl)
         other.load_state_dict(ref.state_dict())
         torch.testing.assert_close(other(batch)[0], logits, rtol=1e-5, atol=1e-6)
 
@@ -131,7 +139,7 @@ def test_fused_cross_entropy_bf16_gemms_within_bf16_tolerance() -> None:
 
 def test_bf16_ce_is_training_only() -> None:
     ref = reference_model(fused_ce=True)
-    low = LSTMLM(tiny_hp(fused_ce=True, ce_gemm_dtype="bf16"), SPEC)
+    low = lstm(fused_ce=True, ce_gemm_dtype="bf16")
     low.load_state_dict(ref.state_dict())
     batch = make_batch(6)
     ref.eval()
@@ -147,7 +155,7 @@ def test_bf16_ce_is_training_only() -> None:
 
 def test_bptt_bf16_gemms_within_bf16_tolerance_and_training_only() -> None:
     ref = reference_model(hidden_size=64)
-    low = LSTMLM(tiny_hp(hidden_size=64, lstm_impl="bptt", lstm_gemm_dtype="bf16", fused_ce=False), SPEC)
+    low = lstm(hidden_size=64, lstm_impl="bptt", lstm_gemm_dtype="bf16", fused_ce=False)
     low.load_state_dict(ref.state_dict())
     batch = make_batch(7, steps=6)
     ref_out, ref_grads = loss_and_grads(ref, batch, None)
@@ -245,7 +253,7 @@ def test_loss_is_sum_over_time_mean_over_batch() -> None:
     batch = make_batch(2)
     out = model.loss(batch)
     torch.testing.assert_close(out.loss, out.stats["nll_sum"] / 3)
-    mean_model = LSTMLM(tiny_hp(loss_sum_over_time=False), SPEC)
+    mean_model = lstm(loss_sum_over_time=False)
     mean_model.load_state_dict(model.state_dict())
     torch.testing.assert_close(mean_model.loss(batch).loss, out.stats["nll_sum"] / 18)
 
@@ -265,9 +273,8 @@ def test_paper_hparams() -> None:
         assert (hp.num_layers, hp.batch_size, hp.learning_rate, hp.optimizer, hp.lr_schedule) == \
                (2, 20, 1.0, "sgd", "epoch_decay")
         assert hp.loss_sum_over_time
-        assert (hp.fused_ce, hp.ce_gemm_dtype, hp.dropout_masks, hp.clip_via_lr) == (True, "bf16", "bits16", True)
-        # oneDNN's nn.LSTM at hidden 200; the hand-written BPTT with bf16 GEMMs when wider
-        assert (hp.lstm_impl, hp.lstm_gemm_dtype) == (("fused", "fp32") if hidden == 200 else ("bptt", "bf16"))
+        # hparams hold the math only: how it is computed is the Strategy's formulation
+        assert not any(hasattr(hp, name) for name in FORMULATION_FIELDS + ("clip_via_lr",))
     example = get_hparams("lstm_lm_example")
     assert (example.hidden_size, example.max_length, example.batch_size, example.dropout,
             example.max_grad_norm, example.learning_rate, example.lr_schedule, example.lr_decay) == \
@@ -286,14 +293,16 @@ def test_epoch_decay_matches_paper_schedule() -> None:
 
 
 def test_bad_inputs_raise_clear_errors() -> None:
-    with pytest.raises(LSTMImplError, match="unknown lstm_impl"):
-        LSTMLM(tiny_hp(lstm_impl="nope"), SPEC)
-    with pytest.raises(ValueError, match="unknown ce_gemm_dtype"):
-        LSTMLM(tiny_hp(ce_gemm_dtype="fp8"), SPEC)
-    with pytest.raises(ValueError, match="unknown lstm_gemm_dtype"):
-        LSTMLM(tiny_hp(lstm_impl="bptt", lstm_gemm_dtype="fp8"), SPEC)
-    with pytest.raises(ValueError, match="needs lstm_impl=bptt"):
-        LSTMLM(tiny_hp(lstm_impl="fused", lstm_gemm_dtype="bf16"), SPEC)
+    with pytest.raises(FormulationError, match="lstm_impl='nope'; choose one of"):
+        lstm(lstm_impl="nope")
+    with pytest.raises(FormulationError, match="ce_gemm_dtype='fp8'; choose one of"):
+        lstm(fused_ce=True, ce_gemm_dtype="fp8")
+    with pytest.raises(FormulationError, match="lstm_gemm_dtype='fp8'; choose one of"):
+        lstm(lstm_impl="bptt", lstm_gemm_dtype="fp8")
+    with pytest.raises(FormulationError, match="needs lstm_impl=bptt"):
+        lstm(lstm_impl="fused", lstm_gemm_dtype="bf16")
+    with pytest.raises(FormulationError, match="set fused_ce=True"):
+        lstm(ce_gemm_dtype="bf16")
     with pytest.raises(ModelMismatchError):
         LSTMLM(tiny_hp(), ProblemSpec("seq2seq", VOCAB, VOCAB))
     model = reference_model()
@@ -312,28 +321,30 @@ def test_training_on_a_repeating_stream_lowers_loss() -> None:
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
 
 
-#: hparams as a checkpoint of lstm_lm_small (hidden 16) stored them: the class by name, the fields as JSON
+#: hparams as a checkpoint of lstm_lm_small (hidden 16) stored them, from when the formulation
+#: fields (lstm_impl, fused_ce, ...) were hparams: the class by name, the fields as JSON
 SAVED_HPARAMS = (
     '{"batch_size": 20, "max_length": 20, "optimizer": "sgd", "learning_rate": 1.0, "lr_schedule": "epoch_decay", '
     '"lr_decay": 0.5, "lr_decay_start_epoch": 4, "max_grad_norm": 5.0, "max_epochs": 13, "hidden_size": 16, '
     '"num_layers": 2, "init_scale": 0.1, "lstm_impl": "bptt", "lstm_gemm_dtype": "fp32", "fused_ce": true, '
     '"ce_chunk_rows": 7, "ce_gemm_dtype": "bf16", "loss_sum_over_time": false, "tie_embeddings": true, '
-    '"__class__": "hotloop.models.lstm_lm:LSTMLMHParams"}')
+    '"clip_via_lr": true, "__class__": "hotloop.models.lstm_lm:LSTMLMHParams"}')
 
 
-def test_speed_knobs_are_typed_fields_and_saved_hparams_load() -> None:
+def test_saved_hparams_load_and_formulation_fields_point_to_the_strategy() -> None:
     import json
 
-    from hotloop.hparams import HParams, apply_overrides, hparams_from_dict
+    from hotloop.hparams import HParams, HParamsError, apply_overrides, hparams_from_dict
     from hotloop.models.lstm_lm import LSTMLMHParams
     hp = hparams_from_dict(json.loads(SAVED_HPARAMS))
     assert type(hp) is LSTMLMHParams
-    assert (hp.lstm_impl, hp.ce_chunk_rows, hp.ce_gemm_dtype, hp.loss_sum_over_time, hp.tie_embeddings) == (
-        "bptt", 7, "bf16", False, True)
+    assert (hp.hidden_size, hp.loss_sum_over_time, hp.tie_embeddings) == (16, False, True)
     model = LSTMLM(hp, SPEC)
     assert model.output.weight is model.embedding.weight              # tie_embeddings reached the model
-    with pytest.raises(Exception, match="unknown hparam 'lstm_implementation'"):
-        apply_overrides(hp, "lstm_implementation=bptt")                # a typo is an error, not a default
-    assert apply_overrides(hp, "fused_ce=false,ce_chunk_rows=3").ce_chunk_rows == 3
+    assert model.formulation == Formulation()                         # a loaded model computes plainly
+    with pytest.raises(HParamsError, match="unknown hparam 'hidden_sise'"):
+        apply_overrides(hp, "hidden_sise=8")                           # a typo is an error, not a default
+    with pytest.raises(HParamsError, match="ce_gemm_dtype is a Strategy field .* --strategy-override"):
+        apply_overrides(hp, "ce_gemm_dtype=fp32")
     with pytest.raises(ModelMismatchError, match="LSTMLMHParams"):
         LSTMLM(HParams(hidden_size=12), SPEC)                           # plain HParams: refused, clearly

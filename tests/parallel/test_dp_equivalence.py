@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 from hotloop.data import stream_windows
 from hotloop.engine.step import compile_step
 from hotloop.engine.strategy import Strategy
+from hotloop.models.formulation import Formulation
 from hotloop.models.conv import ConvNet, ConvNetHParams
 from hotloop.models.lstm_lm import LSTMLM, LSTMLMHParams
 from hotloop.optim import build_optimizer
@@ -67,9 +68,14 @@ def lstm_tokens() -> np.ndarray:
 
 def lstm_case() -> Case:
     hp = LSTMLMHParams(hidden_size=8, num_layers=2, batch_size=4, max_length=5, optimizer="sgd",
-                       learning_rate=1.0, max_grad_norm=0.5, init_scale=0.1, fused_ce=True)
+                       learning_rate=1.0, max_grad_norm=0.5, init_scale=0.1)
     spec, tokens = lstm_case_spec(), lstm_tokens()
-    return Case("lstm", hp, lambda: LSTMLM(hp, spec), lambda: stream_windows(tokens, 4, 5), accum=1)
+
+    def make_model() -> LSTMLM:                 # the fused output+CE formulation, as auto may pick it
+        model = LSTMLM(hp, spec)
+        model.use_formulation(Formulation(fused_ce=True))
+        return model
+    return Case("lstm", hp, make_model, lambda: stream_windows(tokens, 4, 5), accum=1)
 
 
 def train(case: Case, ctx: Any, steps: int, init: dict | None = None) -> dict:

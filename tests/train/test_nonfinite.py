@@ -92,17 +92,17 @@ def test_unknown_policy_is_a_user_error(tmp_path):
 
 def test_skip_discards_a_nan_update_when_the_clip_is_folded_into_the_learning_rate(tmp_path):
     """clip_via_lr: a NaN norm makes the step's lr NaN; the skip hooks still restore the update."""
-    hp_text = HP + ",optimizer=sgd,learning_rate=0.1,weight_decay=0.0,max_grad_norm=0.5,clip_via_lr=true"
+    hp_text = HP + ",optimizer=sgd,learning_rate=0.1,weight_decay=0.0,max_grad_norm=0.5"
     batches = _batches(5)
     skipped = make_trainer(tmp_path / "a", hp=tiny_hp(hp_text), max_steps=5, train_reader=ListReader(batches),
                            loss_fn=_nan_on(batches[1]), on_nonfinite="skip",
-                           strategy=Strategy(prefetch=0, sync_every=2))
+                           strategy=Strategy(prefetch=0, sync_every=2, clip_via_lr=True))
     assert skipped.fit().nonfinite_steps == 1
     assert "clip: folded into the SGD learning rate" in skipped.step_fn.report
     assert skipped.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
     reference = make_trainer(tmp_path / "b", hp=tiny_hp(hp_text), max_steps=4,
                              train_reader=ListReader(batches[:1] + batches[2:]),
-                             strategy=Strategy(prefetch=0, sync_every=2))
+                             strategy=Strategy(prefetch=0, sync_every=2, clip_via_lr=True))
     reference.fit()
     a, b = params_of(skipped), params_of(reference)
     assert all(torch.isfinite(v).all() for v in a.values())

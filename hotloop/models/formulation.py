@@ -1,0 +1,96 @@
+"""How a model computes its math, never what it computes: the formulation knobs.
+
+A paper reports a model's hparams (sizes, dropout rate, learning rate, clipping
+norm). How the same function is evaluated (which LSTM kernel, whether the output
+projection and cross-entropy are chunked, the operand dtype of their GEMMs, how
+dropout masks are drawn) is a speed choice: it belongs to the Strategy, where
+``--strategy auto`` times it on the machine at hand and the parity guard checks
+it. :class:`Formulation` is the typed view of those Strategy fields that a model
+reads; the plain fp32 formulation is its default.
+
+A model names the fields it reads (``SequenceModel.formulation_fields``) and the
+alternatives worth timing (``SequenceModel.formulation_options``, data the tuner
+filters by hardware).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UserError
+from ..ops.dropout import DROPOUT_MASKS
+from .lstm_cells import LSTM_IMPLS
+
+__all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
+           "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING"]
+
+#: accepted values of the string fields
+GEMM_DTYPES = ("fp32", "bf16")
+FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
+    "lstm_impl": tuple(LSTM_IMPLS),
+    "lstm_gemm_dtype": GEMM_DTYPES,
+    "ce_gemm_dtype": GEMM_DTYPES,
+    "dropout_masks": tuple(DROPOUT_MASKS),
+}
+
+#: how an option changes the numbers: "fp32" (other fp32 rounding), "bf16" (bf16 GEMM
+#: operands, fp32 accumulation), "random_stream" (other random draws, same distribution)
+ROUNDING = ("fp32", "bf16", "random_stream")
+
+
+class FormulationError(UserError, ValueError):
+    """A formulation value that is unknown, or does not fit the model."""
+
+
+@dataclass(frozen=True)
+class Formulation:
+    """The formulation fields of a Strategy (defaults: the plain fp32 formulation)."""
+
+    lstm_impl: str = "fused"          # "fused" (nn.LSTM) | "unrolled" | "hoisted" | "bptt"
+    lstm_gemm_dtype: str = "fp32"     # GEMM operand dtype of lstm_impl=bptt (changes rounding)
+    fused_ce: bool = False            # chunked output projection + cross-entropy (fp32 rounding)
+    ce_chunk_rows: int = 0            # rows of logits live at once in fused_ce (0: its default)
+    ce_gemm_dtype: str = "fp32"       # operand dtype of the fused_ce GEMMs (changes rounding)
+    dropout_masks: str = "bernoulli"  # "bernoulli" (F.dropout) | "bits16" (other random draws)
+
+    def check(self) -> "Formulation":
+        """Raise :class:`FormulationError` for an unknown value or combination; return self."""
+        for name, allowed in FORMULATION_CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise FormulationError(f"strategy {name}={getattr(self, name)!r}; choose one of {list(allowed)}")
+        if self.ce_chunk_rows < 0:
+            raise FormulationError("strategy ce_chunk_rows must be >= 0")
+        if self.lstm_gemm_dtype != "fp32" and self.lstm_impl != "bptt":
+            raise FormulationError(f"strategy lstm_gemm_dtype={self.lstm_gemm_dtype} needs lstm_impl=bptt "
+                                   f"(got lstm_impl={self.lstm_impl}); for nn.LSTM use precision=bf16")
+        if self.ce_gemm_dtype != "fp32" and not self.fused_ce:
+            raise FormulationError(f"strategy ce_gemm_dtype={self.ce_gemm_dtype} is an operand dtype of the "
+                                   "fused output+cross-entropy: set fused_ce=True")
+        return self
+
+    def changed(self) -> dict[str, Any]:
+        """The fields that differ from the plain formulation."""
+        plain = Formulation()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(plain, f.name)}
+
+    @property
+    def bf16_gemms(self) -> bool:
+        """Whether some GEMM runs with bf16 operands."""
+        return "bf16" in (self.lstm_gemm_dtype, self.ce_gemm_dtype)
+
+
+FORMULATION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Formulation))
+
+
+@dataclass(frozen=True)
+class FormulationOption:
+    """An alternative formulation a model offers to the tuner (applied on top of the plain one)."""
+
+    label: str
+    changes: dict[str, Any]           # Formulation fields
+    why: str                          # what it changes, for the tune table
+    rounding: str = "fp32"            # one of ROUNDING
+    needs_fast_bf16: bool = False     # proposed only where bf16 GEMMs are faster than fp32
+    expected_gain: float = 0.1        # prior used only to order the trials
