@@ -152,9 +152,13 @@ def test_corrupt_checkpoint_in_eval_and_resume(capsys, tmp_path):
     ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated
     code, _, err = run(capsys, "eval", "--checkpoint", str(ckpt))
     assert_one_line_error(code, err, str(ckpt))
-    code, _, err = run(capsys, "train", "--override", TINY, "--output-dir", str(run_dir), "--max-steps", "4",
-                       "--strategy", "default", "--resume")
-    assert_one_line_error(code, err, str(ckpt))
+    # --resume sets the damaged newest checkpoint aside (never deletes it) and resumes from the newest
+    # that verifies: here none, so it starts from step 0
+    code, out, err = run(capsys, "train", "--override", TINY, "--output-dir", str(run_dir), "--max-steps", "4",
+                         "--strategy", "default", "--resume")
+    assert code == 0, err
+    assert f"checkpoint {ckpt} is damaged (it is 1000 bytes" in out and "done: 4 steps" in out
+    assert (run_dir / "checkpoints" / "step-00000002.ckpt.corrupt").stat().st_size == 1000
     code, _, err = run(capsys, "eval", "--checkpoint", str(tmp_path / "missing.ckpt"))
     assert_one_line_error(code, err, "missing.ckpt")
 

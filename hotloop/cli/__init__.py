@@ -85,6 +85,24 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _check_run_lock(argv: list[str]) -> None:
+    """Before starting workers: refuse at once when ``--output-dir`` is held by another run.
+
+    Only a check (nothing is written); global rank 0 takes the lock itself
+    (:func:`hotloop.cli.train.take_run_lock`), which also covers a directory from ``--config``.
+    """
+    from pathlib import Path
+    from ..parallel.cli_support import flag_text
+    from ..train.runlock import check_unlocked
+    out = flag_text(argv, "--output-dir")
+    try:
+        wait = max(0.0, float(flag_text(argv, "--wait-for-lock") or 0))
+    except ValueError:
+        wait = 0.0  # the train parser reports the bad value
+    if out:
+        check_unlocked(Path(out), wait)
+
+
 def _launch_workers(argv: list[str]) -> int | None:
     """``hotloop train --nproc N``: run N workers and return the job's exit code (None: train here)."""
     from ..parallel.cli_support import flag_value, in_worker, maybe_launch
@@ -95,6 +113,7 @@ def _launch_workers(argv: list[str]) -> int | None:
             return None
     except UserError:
         return None  # the train parser reports the bad value
+    _check_run_lock(argv)
     return maybe_launch(argv)
 
 

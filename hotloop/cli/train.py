@@ -8,9 +8,16 @@ directory; then datagen, the model, the concrete Strategy
 worker the process group is joined first and the run's data-parallel context is
 made from the planned Strategy.
 
-Exit codes: 0 done; 2 bad input (one ``hotloop: error:`` line, nothing written),
-also a full disk and a non-finite loss under ``--on-nonfinite stop``; 130 after
-Ctrl-C, 143 after SIGTERM, 138 after SIGUSR1 (a checkpoint is written first).
+The output directory has one owner: before anything is written, the process (global
+rank 0 of a ``--nproc`` job) takes the lock of :mod:`hotloop.train.runlock`; a second
+``hotloop train`` on it exits 2 at once naming the holder, or waits ``--wait-for-lock``
+seconds. ``--resume`` on a run that already reached its limit changes nothing
+(:mod:`hotloop.train.finished`).
+
+Exit codes: 0 done (or already finished); 2 bad input (one ``hotloop: error:`` line,
+nothing written), also a held output directory, a full disk and a non-finite loss under
+``--on-nonfinite stop``; 130 after Ctrl-C, 143 after SIGTERM, 138 after SIGUSR1 (a
+checkpoint is written first).
 """
 from __future__ import annotations
 
@@ -22,8 +29,8 @@ from typing import Any
 
 from .common import CLIError
 
-__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run", "check_output_dir", "print_summary",
-           "TRAIN_DEFAULTS"]
+__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run", "check_output_dir", "check_writable",
+           "take_run_lock", "print_summary", "TRAIN_DEFAULTS"]
 
 NAME = "train"
 HELP = "train a model on a problem"
@@ -52,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, record_argv: bool = True) 
                              "sentences, added to the valid row (default 0: off)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint; start fresh when there is none yet")
+    parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                        help="wait up to SECONDS for another run holding --output-dir to exit (a requeued "
+                             "job: --resume --wait-for-lock 300); default 0: refuse at once")
     parser.add_argument("--strategy", default=None, help="auto (default) | default | a JSON file of Strategy fields")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
                         help="shortcut for --strategy-override precision=...")
@@ -156,10 +166,9 @@ def strategy_request(args: argparse.Namespace) -> Any:
     return StrategyRequest.parse(args.strategy, args.strategy_override, args.device)
 
 
-def check_output_dir(out: Path, resume: bool) -> None:
-    """Writable (nearest existing ancestor), and not clobbering checkpoints without ``--resume``."""
+def check_writable(out: Path) -> None:
+    """A directory (or none yet) whose nearest existing ancestor allows writing."""
     import os
-    from ..train.checkpoint import CheckpointManager
     if out.exists() and not out.is_dir():
         raise CLIError(f"output directory {out} exists and is not a directory")
     ancestor = out
@@ -167,6 +176,12 @@ def check_output_dir(out: Path, resume: bool) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise CLIError(f"output directory {out} is not writable ({ancestor} does not allow writing)")
+
+
+def check_output_dir(out: Path, resume: bool) -> None:
+    """Writable (nearest existing ancestor), and not clobbering checkpoints without ``--resume``."""
+    from ..train.checkpoint import CheckpointManager
+    check_writable(out)
     has_checkpoints = bool(CheckpointManager(out / "checkpoints", writer=False).steps())
     if has_checkpoints and not resume:
         raise CLIError(f"{out} already has checkpoints; continue with --resume or pick another --output-dir")
@@ -182,6 +197,34 @@ def check_same_run(out: Path, problem: str, model: str) -> None:
         if saved.get(key) and saved[key] != current:
             raise CLIError(f"--resume: {out} holds a run of {key} {saved[key]!r}, not {current!r}; "
                            f"pick another --output-dir")
+
+
+def _global_rank() -> int:
+    import os
+    from ..parallel import cli_support
+    return int(os.environ.get("RANK", "0")) if cli_support.in_worker() else 0
+
+
+def take_run_lock(args: argparse.Namespace, out: Path, *, check_only: bool = False) -> Any:
+    """The run directory's lock (:class:`~hotloop.train.runlock.RunLock`), held by global rank 0 only.
+
+    Other ranks get None: they write nothing outside their own shard files. ``check_only``
+    writes nothing: it raises (after ``--wait-for-lock``) when another run holds ``out``.
+    """
+    import shlex
+    from ..train.runlock import RunLock
+    wait = getattr(args, "wait_for_lock", 0.0) or 0.0
+    if wait < 0:
+        raise CLIError(f"--wait-for-lock must be >= 0, got {wait:g}")
+    if _global_rank() != 0:
+        return None
+    check_writable(out)
+    command = shlex.join(["hotloop", "train", *(getattr(args, _ARGV, None) or [])])
+    lock = RunLock(out, command=command, rank=0)
+    if check_only:
+        lock.probe(wait)
+        return None
+    return lock.acquire(wait)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--eval-bleu needs a text translation problem (raw split text and a subword "
                        f"encoder); {args.problem} is not one")
     out = Path(args.output_dir or f"runs/{args.problem}-{args.model}-{hparams_name}")
-    job = None
+    take_run_lock(args, out, check_only=True)   # a held directory is named first, before other checks
     if cli_support.in_worker():  # one rank of a --nproc job: this rank's device, resume on restart
         args.device = cli_support.worker_device(args.device)
         has = bool(CheckpointManager(out / "checkpoints", writer=False).steps())
@@ -212,6 +255,28 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(out, args.resume)
     if args.resume:
         check_same_run(out, args.problem, args.model)
+    lock = take_run_lock(args, out)   # the first write into the output directory
+    try:
+        return _run_owned(args, problem_cls, model_cls, hparams_name, hp, request, out)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_owned(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,
+               request: Any, out: Path) -> int:
+    """``run`` once the output directory is this job's: the finished check, the job, then training."""
+    from ..parallel import cli_support
+    from ..train.finished import finished_message
+    job = None
+    if args.resume:
+        main = _global_rank() == 0
+        done = finished_message(out, hp.max_steps, hp.max_epochs, writer=main,
+                                notify=print if main else (lambda message: None))
+        if done:
+            if main:
+                print(done)
+            return 0
     if cli_support.in_worker():
         job = cli_support.join_job()
     try:

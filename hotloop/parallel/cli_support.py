@@ -19,23 +19,28 @@ from .group import is_distributed_env
 from .launch import launch, strip_launch_flags
 
 __all__ = ["maybe_launch", "join_job", "in_worker", "worker_device", "prepare_in_rank_order", "flag_value",
-           "restart_resume"]
+           "flag_text", "restart_resume"]
+
+
+def flag_text(argv: Sequence[str], flag: str) -> str | None:
+    """The text after the first ``flag`` (``--flag V`` or ``--flag=V``) in ``argv``, else None."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def flag_value(argv: Sequence[str], flag: str, default: int) -> int:
     """The integer after ``flag`` (``--flag N`` or ``--flag=N``) in ``argv``, else ``default``."""
-    for i, arg in enumerate(argv):
-        raw = None
-        if arg == flag and i + 1 < len(argv):
-            raw = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            raw = arg.split("=", 1)[1]
-        if raw is not None:
-            try:
-                return int(raw)
-            except ValueError:
-                raise LaunchError(f"{flag} expects an integer, got {raw!r}") from None
-    return default
+    raw = flag_text(argv, flag)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchError(f"{flag} expects an integer, got {raw!r}") from None
 
 
 def maybe_launch(argv: Sequence[str], stderr: Any = None) -> int | None:

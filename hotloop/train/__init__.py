@@ -1,14 +1,16 @@
 """Training: the Trainer, events/callbacks, checkpoints, metrics and loggers."""
-from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint, save_checkpoint
+from .checkpoint import (CheckpointError, CheckpointManager, CorruptCheckpointError, load_checkpoint, save_checkpoint,
+                         verify_checkpoint)
 from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, EarlyStopping, Event
 from .loggers import ConsoleLogger, JsonlLogger, ProgressBar, TensorBoardLogger, default_loggers
 from .metrics import StatsAccumulator, summarize
 from .plan import StrategyRequest, auto_strategy, plan_strategy
+from .runlock import RunLock, RunLockError
 from .trainer import FitResult, Trainer, TrainerError
 
 __all__ = ["Callback", "CallbackList", "CheckpointError", "CheckpointManager", "ConsoleLogger",
-           "DistContext", "EarlyStopping", "Event", "FitResult", "JsonlLogger", "LocalContext",
-           "ProgressBar", "StatsAccumulator", "TensorBoardLogger", "Trainer", "TrainerError",
-           "StrategyRequest", "auto_strategy", "default_loggers", "load_checkpoint", "plan_strategy",
-           "save_checkpoint", "summarize"]
+           "CorruptCheckpointError", "DistContext", "EarlyStopping", "Event", "FitResult", "JsonlLogger",
+           "LocalContext", "ProgressBar", "RunLock", "RunLockError", "StatsAccumulator", "TensorBoardLogger",
+           "Trainer", "TrainerError", "StrategyRequest", "auto_strategy", "default_loggers", "load_checkpoint",
+           "plan_strategy", "save_checkpoint", "summarize", "verify_checkpoint"]

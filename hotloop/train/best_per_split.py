@@ -5,7 +5,8 @@ every ``EVAL_END`` of its splits and, when a split's loss improves, keeps that s
 checkpoint as ``checkpoints/best-<name>.ckpt`` (a hard link, else a copy) where
 ``<name>`` is the split without its ``valid/`` prefix; ``best-mean.ckpt`` is the step
 with the lowest mean loss over all the splits (one evaluation round). These names do
-not match the ``step-*.ckpt`` files the CheckpointManager prunes, so they stay.
+not match the ``step-*.ckpt`` files the CheckpointManager prunes, so they stay. Each gets
+the manifest of its step (``best-<name>.manifest.json``), so it verifies like one.
 ``checkpoints/best_per_split.json`` records ``{name: {"split", "step", "loss", "file"}}``.
 The records are callback state, so a resumed run keeps comparing against them.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .events import Callback, Event
+from .manifest import manifest_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from .trainer import Trainer
@@ -96,7 +98,11 @@ class BestPerSplit(Callback):
                 os.link(path, tmp)
             except OSError:
                 shutil.copy2(path, tmp)
+            manifest_path(target).unlink(missing_ok=True)   # it would describe the old bytes
             os.replace(tmp, target)
+            if manifest_path(path).is_file():               # the same bytes: the same manifest, written after
+                shutil.copyfile(manifest_path(path), tmp)
+                os.replace(tmp, manifest_path(target))
             self._linked[name] = trainer.step
             changed = True
         if changed:

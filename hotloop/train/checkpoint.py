@@ -8,6 +8,12 @@ describes the run lives in a JSON string (``meta``). Loading uses
 Writes are atomic: a temporary file in the same directory is written,
 flushed and fsynced, then renamed over the final name and the directory is
 fsynced; a process killed mid-write leaves the previous checkpoints intact.
+
+Checkpoints prove themselves: :class:`CheckpointManager` writes each one's size
+and sha256 into a manifest after its data (:mod:`hotloop.train.manifest`), and
+:func:`load_checkpoint` checks it first. A damaged file raises
+:class:`CorruptCheckpointError`; :meth:`CheckpointManager.newest_verified` moves
+damaged files aside (``step-N.ckpt.corrupt``) and returns the newest that verifies.
 """
 from __future__ import annotations
 
@@ -15,17 +21,22 @@ import errno
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..errors import UserError
+from .manifest import check_file, manifest_path, move_aside, write_manifest
 
-__all__ = ["CheckpointError", "CheckpointManager", "save_checkpoint", "load_checkpoint",
-           "encode_plain", "decode_plain", "write_failure", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["CheckpointError", "CorruptCheckpointError", "CheckpointManager", "save_checkpoint",
+           "load_checkpoint", "verify_checkpoint", "encode_plain", "decode_plain", "write_failure",
+           "FORMAT", "FORMAT_VERSION"]
+
+Notify = Callable[[str], None]
 
 FORMAT = "hotloop-checkpoint"
 FORMAT_VERSION = 1
@@ -35,6 +46,33 @@ _PAUSE_ENV = "HOTLOOP_TEST_CHECKPOINT_PAUSE"  # "STEP:SECONDS": sleep before the
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, corrupt, unsafe or incompatible; names the file."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A damaged checkpoint: it fails its manifest, its zip CRCs, or cannot be read; ``reason`` says how."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"checkpoint {path} is damaged: {reason}")
+        self.path, self.reason = path, reason
+
+
+def _stderr_notice(message: str) -> None:
+    print(f"hotloop: {message}", file=sys.stderr)
+
+
+def verify_checkpoint(path: str | Path) -> bool:
+    """Check ``path`` against its manifest: True when verified, False when it has none (zip CRCs checked).
+
+    Raises :class:`CorruptCheckpointError` for a damaged file, :class:`CheckpointError` for a missing one.
+    """
+    path = Path(path)
+    try:
+        has_manifest, reason = check_file(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    if reason is not None:
+        raise CorruptCheckpointError(path, reason)
+    return has_manifest
 
 
 def encode_plain(obj: Any) -> Any:
@@ -126,38 +164,48 @@ def save_checkpoint(path: str | Path, meta: dict[str, Any], tensors: dict[str, A
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, verify: bool = True,
+                    notify: Notify | None = None) -> dict[str, Any]:
     """Load a checkpoint safely; returns the payload with ``meta`` decoded to a dict.
 
-    Raises :class:`CheckpointError` (naming the file) for a missing, truncated,
-    corrupt, unsafe (non tensor/plain data) or foreign file.
+    Raises :class:`CheckpointError` (naming the file) for a missing, unsafe (non
+    tensor/plain data), foreign or newer-format file, and :class:`CorruptCheckpointError`
+    for a damaged one: with ``verify`` its manifest is checked first; a checkpoint
+    without one (written before manifests existed) loads after one ``notify`` line
+    (default: stderr).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if verify and not verify_checkpoint(path):
+        (notify or _stderr_notice)(f"checkpoint {path} has no manifest (written before hotloop recorded "
+                                   f"checksums); loading it with only its zip CRCs checked")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure means "not a valid checkpoint"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):
             reason = "it contains objects other than tensors and plain data; refusing to unpickle them"
-        raise CheckpointError(f"cannot load checkpoint {path}: {reason[:200]}") from None
+            raise CheckpointError(f"cannot load checkpoint {path}: {reason}") from None
+        raise CorruptCheckpointError(path, f"torch.load failed: {reason[:200]}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a hotloop checkpoint")
+        raise CorruptCheckpointError(path, "it is not a hotloop checkpoint")
     if payload.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has format version {payload.get('version')}, "
                               f"this hotloop reads version {FORMAT_VERSION}")
     try:
         payload["meta"] = json.loads(payload["meta"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} has unreadable metadata: {exc}") from None
+        raise CorruptCheckpointError(path, f"its metadata is unreadable: {exc}") from None
     return payload
 
 
 class CheckpointManager:
     """``directory/step-XXXXXXXX.ckpt`` files: keeps the newest ``keep_last`` plus the best.
 
-    The best (lowest validation loss) is recorded in ``best.json``.
+    The best (lowest validation loss) is recorded in ``best.json``. Each file has a
+    manifest (``step-XXXXXXXX.manifest.json``). Only a ``writer`` moves damaged files aside;
+    the other ranks of a job skip them (they reach the same verdict from the same bytes).
     """
 
     def __init__(self, directory: str | Path, keep_last: int = 3, *, writer: bool = True) -> None:
@@ -200,7 +248,12 @@ class CheckpointManager:
         """Write the checkpoint for ``step``, update the best record, prune old files."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
+        manifest_path(self.path_for(step)).unlink(missing_ok=True)   # it would describe the old bytes
         path = save_checkpoint(self.path_for(step), meta, tensors)
+        try:
+            write_manifest(path, step=step, epoch=meta.get("epoch"))
+        except OSError as exc:
+            raise (write_failure(exc, manifest_path(path)) or exc) from None
         if valid_loss is not None and valid_loss < self.best_loss:
             self.best_step, self.best_loss = step, float(valid_loss)
             tmp = self.directory / f".tmp-best.json-{os.getpid()}"
@@ -221,6 +274,42 @@ class CheckpointManager:
         for step in steps:
             if step not in keep:
                 self.path_for(step).unlink(missing_ok=True)
+                manifest_path(self.path_for(step)).unlink(missing_ok=True)
+
+    def set_aside(self, error: CorruptCheckpointError, notify: Notify, then: str = "") -> None:
+        """Move a damaged checkpoint aside (writer only; never deleted) and say so in one line."""
+        if self.writer:
+            try:
+                moved = f"moved it aside to {move_aside(error.path).name}"
+            except FileNotFoundError:
+                moved = "another process moved it already"
+            notify(f"checkpoint {error.path} is damaged ({error.reason}); {moved}{then}")
+
+    def newest_verified(self, notify: Notify = _stderr_notice) -> Path | None:
+        """The newest checkpoint that verifies; each damaged newer one is set aside with a notice."""
+        for step in reversed(self.steps()):
+            path = self.path_for(step)
+            try:
+                verify_checkpoint(path)
+            except CorruptCheckpointError as exc:
+                self.set_aside(exc, notify)
+                continue
+            except CheckpointError:   # gone meanwhile (pruned, or set aside by another process)
+                continue
+            return path
+        return None
+
+    def verified(self, which: str = "best", notify: Notify = _stderr_notice) -> Path | None:
+        """The best (``which="best"``, else the newest) checkpoint that verifies; a damaged best is
+        set aside with a notice and the newest that verifies is used instead."""
+        best = self.best() if which == "best" else None
+        if best is not None:
+            try:
+                verify_checkpoint(best)
+                return best
+            except CorruptCheckpointError as exc:
+                self.set_aside(exc, notify, "; using the newest checkpoint that verifies instead")
+        return self.newest_verified(notify)
 
     def _remove_stale_temporaries(self) -> None:
         for p in self.directory.glob(".tmp-*"):

@@ -16,7 +16,7 @@ from ..hparams import HParams, hparams_from_dict
 from ..problems.base import Problem, ProblemSpec
 from ..registry import models
 from .build import build_model, problem_class
-from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint
 
 __all__ = ["TrainedRun", "find_checkpoint", "load_trained"]
 
@@ -36,13 +36,18 @@ class TrainedRun:
 
 def find_checkpoint(output_dir: str | Path | None = None, checkpoint: str | Path | None = None, *,
                     which: str = "best") -> Path:
-    """``checkpoint`` itself, or the best (else latest) checkpoint of run ``output_dir``."""
+    """``checkpoint`` itself, or the best (else latest) checkpoint of run ``output_dir`` that verifies.
+
+    A damaged best or latest is moved aside with a notice on stderr, and the newest one
+    that verifies is used; ``checkpoint`` itself is never replaced (loading it raises).
+    """
     if bool(output_dir) == bool(checkpoint):
         raise CheckpointError("give exactly one of --output-dir or --checkpoint")
     if checkpoint:
+        verify_checkpoint(checkpoint)   # a damaged named file is an error, never a fallback
         return Path(checkpoint)
-    manager = CheckpointManager(Path(output_dir) / "checkpoints", writer=False)  # type: ignore[arg-type]
-    path = (manager.best() if which == "best" else None) or manager.latest()
+    manager = CheckpointManager(Path(output_dir) / "checkpoints")  # type: ignore[arg-type]
+    path = manager.verified(which)
     if path is None:
         raise CheckpointError(f"no checkpoint in {Path(output_dir) / 'checkpoints'}")  # type: ignore[arg-type]
     return path

@@ -45,7 +45,7 @@ def training_state(trainer: "Trainer", valid_loss: float | None) -> tuple[dict[s
         "python_rng": [version, list(internal), gauss],
         "grad_scaler": trainer.grad_scaler.state_dict() if trainer.grad_scaler is not None else None,
         "run": trainer.run_info, "valid_loss": valid_loss, "metrics": trainer.last_metrics,
-        "torch": torch.__version__,
+        "torch": torch.__version__, "evaluated": trainer._last_eval_step == trainer.step,
     }
     rng: dict[str, Any] = {"torch": torch.get_rng_state(),
                            "numpy": encode_plain(list(np.random.get_state()))}
@@ -92,7 +92,7 @@ def _require(payload: dict[str, Any], path: Path, *keys: str) -> None:
 
 def restore_training_state(trainer: "Trainer", path: Path) -> tuple[dict[str, Any] | None, list[str]]:
     """Load ``path`` into ``trainer``; returns (reader position or None, changed hparams)."""
-    payload = load_checkpoint(path, map_location="cpu")
+    payload = load_checkpoint(path, map_location="cpu", notify=trainer.notify)
     _require(payload, path, "model", "optimizer", "rng", "reader", "state")
     meta = payload["meta"]
     for key in ("step", "epoch", "hparams", "schedule", "callbacks", "python_rng"):
@@ -126,6 +126,8 @@ def restore_training_state(trainer: "Trainer", path: Path) -> tuple[dict[str, An
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint {path} has unusable training state: {exc}") from None
     trainer.step, trainer.epoch = int(meta["step"]), int(meta["epoch"])
+    if meta.get("evaluated"):   # evaluated at this step already: do not evaluate it again
+        trainer._last_eval_step = trainer.step
     trainer.last_metrics = dict(meta.get("metrics") or {})
     trainer.state = to_device(payload["state"], trainer.device)
     position = decode_plain(payload["reader"])

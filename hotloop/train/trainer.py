@@ -376,7 +376,7 @@ class Trainer:
             return Path(resume)
         if self.checkpoints is None:
             raise CheckpointError("resume needs an output_dir with checkpoints")
-        path = self.checkpoints.latest()
+        path = self.checkpoints.newest_verified(self.notify)   # damaged ones are set aside
         if path is None:
             self.notify(f"resume: no checkpoint in {self.checkpoints.directory} yet; starting from step 0")
         return path

@@ -45,7 +45,7 @@ def test_full_disk_on_checkpoint_write(capsys, tmp_path, monkeypatch, kind):
     assert str(run_dir / "checkpoints" / "step-00000004.ckpt") in lines[0]
     assert "no space left on device" in lines[0]
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert checkpoints == ["best.json", "step-00000002.ckpt"]   # no temporary file left behind
+    assert checkpoints == ["best.json", "step-00000002.ckpt", "step-00000002.manifest.json"]   # no temporary
     assert load_checkpoint(run_dir / "checkpoints" / "step-00000002.ckpt")["meta"]["step"] == 2
 
 
