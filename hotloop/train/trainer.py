@@ -127,6 +127,8 @@ class Trainer:
                            wrap=self.dist.wrap)
         self.optimizer, self.train_model, self.grad_scaler = built.optimizer, built.model, built.grad_scaler
         self.step_fn = built.step
+        for note in self.step_fn.notices:
+            self.notify(f"strategy: {note}")
         self.nonfinite = NonFiniteGuard(on_nonfinite, self.optimizer, self.device)
         self.schedule = build_schedule(self.hp, self.steps_per_epoch)
         if self.step_fn.fallback_reason:
