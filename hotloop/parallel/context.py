@@ -58,7 +58,10 @@ class ProcessGroupContext:
     @classmethod
     def from_env(cls, mode: str = "allreduce", bucket_mb: float = 25.0, *, backend: str | None = None,
                  timeout_s: float | None = None) -> "ProcessGroupContext":
-        """Join the job described by ``torchrun``'s env vars."""
+        """Join the job described by ``torchrun``'s env vars (a worker of ``--nproc`` also ends
+        when its launcher dies: :func:`~hotloop.parallel.launch.die_with_launcher`)."""
+        from .launch import die_with_launcher
+        die_with_launcher()
         init_process_group(backend, timeout_s)
         return cls(mode, bucket_mb)
 

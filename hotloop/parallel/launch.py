@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -23,7 +24,12 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from .errors import LaunchError, WorkerFailedError
 
-__all__ = ["launch", "worker_entry", "strip_launch_flags", "describe_failure", "LAUNCH_FLAGS"]
+__all__ = ["launch", "worker_entry", "strip_launch_flags", "describe_failure", "LAUNCH_FLAGS",
+           "die_with_launcher", "LAUNCHER_PID_ENV"]
+
+#: set by :func:`launch` for its workers: the pid whose death ends them (:func:`die_with_launcher`)
+LAUNCHER_PID_ENV = "HOTLOOP_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,6 +40,28 @@ def worker_entry(fn: F) -> F:
     """Decorate a worker's main so an uncaught exception reaches the launcher with its traceback."""
     from torch.distributed.elastic.multiprocessing.errors import record
     return record(fn)
+
+
+def die_with_launcher() -> None:
+    """In a worker that :func:`launch` started: be killed (SIGKILL) when the launcher dies.
+
+    The elastic agent stops its workers on SIGTERM or a failure, but a launcher killed with
+    SIGKILL (or by the OOM killer) cannot: Linux's parent-death signal ends the workers
+    then, so none is left orphaned holding the cores. A worker whose launcher is already
+    gone exits at once. Elsewhere (no launcher pid, not Linux) this does nothing.
+    """
+    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    if not launcher.isdigit() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(launcher):          # the launcher died before the signal was armed
+        os._exit(1)
 
 
 def strip_launch_flags(argv: Sequence[str], flags: Sequence[str] = LAUNCH_FLAGS) -> list[str]:
@@ -129,6 +157,7 @@ def launch(nproc: int, command: Sequence[str], *, module: bool = True, max_resta
     saved = dict(os.environ)
     os.environ.update(env or {})
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # torchrun's default, without its warning
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the agent runs here: workers die with it
     try:
         torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as exc:

@@ -51,12 +51,21 @@ def _flock_holders(path: Path) -> set[int]:
 
 @pytest.mark.timeout(200)
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads the lock holders from /proc")
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][:1] != "Z"        # a zombie has exited
+    except OSError:
+        return False
+
+
 def test_only_rank_0_locks_and_a_second_launch_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     job = subprocess.Popen([sys.executable, "-m", "hotloop", *_args(out, "--max-steps", "1000000")],
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
+    holder = None
     try:
         deadline = time.monotonic() + 150
         while not (read_lock_record(out) or {}).get("pid"):
@@ -85,3 +94,8 @@ def test_only_rank_0_locks_and_a_second_launch_is_refused(tmp_path, capsys):
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+    # the launcher was killed with SIGKILL: its workers die with it (no orphan keeps training)
+    deadline = time.monotonic() + 10
+    while holder is not None and _alive(holder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert holder is None or not _alive(holder), f"worker {holder} outlived its killed launcher"
