@@ -54,7 +54,7 @@ class Runner:
     def __init__(self, workload: dict[str, Any], ctx: Any) -> None:
         import torch
 
-        from hotloop.engine.step import build_step
+        from hotloop.engine.build import build_step
         from hotloop.engine.strategy import Strategy
         torch.manual_seed(0)
         hp, problem = workload["hp"], workload["problem"]

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from hotloop.builtin import declare_builtins
 from hotloop.engine.clipping import clip_via_lr
 from hotloop.engine.host_memory import keep_freed_memory
-from hotloop.engine.step import build_step
+from hotloop.engine.build import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams, get_hparams
 from hotloop.ops.cpu_isa import cpu_isa

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hotloop.builtin import declare_builtins
-from hotloop.engine.step import build_step
+from hotloop.engine.build import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import get_hparams
 from hotloop.optim import build_schedule

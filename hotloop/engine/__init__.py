@@ -5,7 +5,9 @@ a strategy needs them. :func:`build_step` is the one way to build a training ste
 """
 from .flags import FlagReport, apply_device_flags
 from .parity import ParityCase, ParityResult, check_parity
-from .step import BuiltStep, StepResult, TrainStep, build_step
+from .build import BuiltStep, build_step
+from .step import TrainStep
+from .step_parts import StepResult
 from .strategy import Strategy, StrategyError, validate_for_model
 
 __all__ = ["BuiltStep", "FlagReport", "ParityCase", "ParityResult", "StepResult", "Strategy",

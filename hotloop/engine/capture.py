@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 from ..problems.base import Batch
 from .passes import PassResult, run_passes
 from .passes.collapse_views import returns_fresh
+from .precision import Precision
 
 __all__ = ["flatten_state", "unflatten_state", "CaptureError", "CapturedGraph", "Signature", "capture_joint", "step_signature", "GraphLayout"]
 
@@ -149,11 +150,6 @@ def _bytes(value: Any) -> int:
     return 0
 
 
-def _autocast(precision: str, device: torch.device) -> Any:
-    from .step import autocast_context
-    return autocast_context(precision, device)
-
-
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else type(exc).__name__
@@ -164,9 +160,9 @@ def _describe(exc: BaseException) -> str:
 
 
 def capture_joint(model: nn.Module, loss_fn: Callable[..., Any], batch: Batch, state: Any,
-                  precision: str, passes: list[str]) -> CapturedGraph:
-    """Trace one micro-batch step (forward, loss, grads) into a functional FX graph."""
-    device = next(model.parameters()).device
+                  precision: Precision, passes: list[str]) -> CapturedGraph:
+    """Trace one micro-batch step (forward, loss, grads) into a functional FX graph, under
+    ``precision``'s autocast."""
     names = [n for n, _ in model.named_parameters()]
     params = [p for _, p in model.named_parameters()]
     buffer_names = [n for n, _ in model.named_buffers()]
@@ -181,7 +177,7 @@ def capture_joint(model: nn.Module, loss_fn: Callable[..., Any], batch: Batch, s
         data = dict(zip(keys, flat[n_p + n_b:n_p + n_b + n_d]))
         st = unflatten_state(list(flat[n_p + n_b + n_d:]), state_spec)
         mapping = {**dict(zip(names, p_in)), **dict(zip(buffer_names, b_in))}
-        with _reparametrize_module(model, mapping), _autocast(precision, device):
+        with _reparametrize_module(model, mapping), precision.autocast():
             out = loss_fn(model, data, st)
         loss = out.loss
         wants = [i for i, p in enumerate(p_in) if p.requires_grad]

@@ -1,6 +1,6 @@
 """What a strategy does to one model, without training it (``hotloop explain``).
 
-Builds the step the Trainer would build (:func:`hotloop.engine.step.build_step`),
+Builds the step the Trainer would build (:func:`hotloop.engine.build.build_step`),
 applies the device flags and runs the step once on one real batch, then prints
 the effective strategy, the device flags set, every graph pass with its match
 counts, captures, graph breaks and fallbacks with reasons, and memory estimates.
@@ -18,7 +18,9 @@ from ..hparams import HParams
 from ..problems.base import Batch
 from .capture import CaptureError, capture_joint
 from .flags import apply_device_flags
-from .step import build_step, default_loss_fn
+from .build import build_step
+from .precision import Precision
+from .step_parts import default_loss_fn
 from .strategy import Strategy
 
 __all__ = ["explain"]
@@ -73,7 +75,8 @@ def explain(model: nn.Module, hp: HParams, strategy: Strategy, batch: Batch, dev
     analysis = graphs[0] if graphs else None
     if analysis is None:
         try:
-            analysis = capture_joint(model, default_loss_fn, batch, state, strategy.precision, [])
+            analysis = capture_joint(model, default_loss_fn, batch, state,
+                                     Precision(strategy.precision, next(model.parameters()).device), [])
         except CaptureError as exc:
             say(f"  activations: unknown ({exc.reason})")
     if analysis is not None:

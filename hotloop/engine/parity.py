@@ -165,7 +165,7 @@ def _as_case(built: Any) -> ParityCase:
 
 def run_steps(case: ParityCase, strategy: Strategy, steps: int) -> tuple[list[float], list[torch.Tensor], Any]:
     """Train ``steps`` steps of ``case`` under ``strategy``; return (losses, final params, step)."""
-    from .step import build_step
+    from .build import build_step
     device = next(case.model.parameters()).device
     hp = case.optimizer if isinstance(case.optimizer, HParams) else HParams()
     factory = None if isinstance(case.optimizer, HParams) else case.optimizer

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ..engine.step import build_step
+from ..engine.build import build_step
 from ..engine.strategy import Strategy
 from ..hparams import HParams
 from ..problems.base import Problem, open_reader

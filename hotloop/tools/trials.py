@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..engine.step import build_step
+from ..engine.build import build_step
 from ..engine.strategy import Strategy, StrategyError, validate_for_model
 from ..hparams import HParams
 from ..problems.base import Batch

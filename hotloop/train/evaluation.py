@@ -7,7 +7,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..engine.step import autocast_context, detach_state
+from ..engine.precision import Precision
+from ..engine.step_parts import detach_state
 from .feeding import to_device
 from .metrics import StatsAccumulator, summarize
 
@@ -38,7 +39,7 @@ def evaluate_reader(model: nn.Module, reader: Any, *, device: torch.device, prec
     acc = StatsAccumulator()
     state = initial_state
     try:
-        with autocast_context(precision, device):
+        with Precision(precision, device).autocast():
             for i, batch in enumerate(reader):
                 if max_batches and i >= max_batches:
                     break

@@ -43,7 +43,7 @@ def training_state(trainer: "Trainer", valid_loss: float | None) -> tuple[dict[s
         "hparams": hparams_to_dict(trainer.hp), "strategy": trainer.strategy.to_dict(),
         "schedule": trainer.schedule.state_dict(), "callbacks": trainer.callbacks.state_dict(),
         "python_rng": [version, list(internal), gauss],
-        "grad_scaler": trainer.grad_scaler.state_dict() if trainer.grad_scaler is not None else None,
+        "precision": trainer.precision.state_dict(),
         "run": trainer.run_info, "valid_loss": valid_loss, "metrics": trainer.last_metrics,
         "torch": torch.__version__, "evaluated": trainer._last_eval_step == trainer.step,
     }
@@ -115,8 +115,8 @@ def restore_training_state(trainer: "Trainer", path: Path) -> tuple[dict[str, An
     try:
         trainer.schedule.load_state_dict(meta["schedule"])
         trainer.callbacks.load_state_dict(meta["callbacks"])
-        if trainer.grad_scaler is not None and meta.get("grad_scaler"):
-            trainer.grad_scaler.load_state_dict(meta["grad_scaler"])
+        # checkpoints before the Precision object kept the scaler's state as "grad_scaler"
+        trainer.precision.load_state_dict(meta.get("precision") or {"scaler": meta.get("grad_scaler")})
         version, internal, gauss = meta["python_rng"]
         random.setstate((version, tuple(internal), gauss))
         np.random.set_state(tuple(decode_plain(payload["rng"]["numpy"])))

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..engine import Strategy, build_step
 from ..engine.flags import apply_device_flags
-from ..engine.step import LossFn
+from ..engine.step_parts import LossFn
 from ..errors import UserError
 from ..hparams import HParams
 from ..optim import build_schedule
@@ -125,7 +125,7 @@ class Trainer:
             self.notify(f"strategy: {note}")
         built = build_step(self.model, self.hp, self.strategy, loss_fn=loss_fn,
                            wrap=self.dist.wrap)
-        self.optimizer, self.train_model, self.grad_scaler = built.optimizer, built.model, built.grad_scaler
+        self.optimizer, self.train_model, self.precision = built.optimizer, built.model, built.precision
         self.step_fn = built.step
         for note in self.step_fn.notices:
             self.notify(f"strategy: {note}")

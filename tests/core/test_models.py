@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from hotloop.engine import Strategy
-from hotloop.engine.step import compile_step
+from hotloop.engine.build import compile_step
 from hotloop.hparams import get_hparams
 from hotloop.models.base import ModelMismatchError
 from hotloop.optim import build_optimizer

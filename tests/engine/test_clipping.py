@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hotloop.engine.clipping import clip_grad_norm, clip_via_lr, clip_via_lr_unavailable
-from hotloop.engine.step import build_step
+from hotloop.engine.build import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams
 
@@ -85,9 +85,27 @@ def test_build_step_folds_the_clip_for_sgd_and_clips_gradients_for_adam() -> Non
     assert "clip: not folded into the learning rate (the optimizer is Adam, not plain SGD)" in adam.report
 
 
-def test_a_phased_step_says_it_does_not_fold_the_clip() -> None:
+def test_a_phased_step_folds_the_clip_per_phase_as_a_one_loss_step_does() -> None:
+    """Each phase's clip folds into its own SGD step; Adam phases clip their gradients, and say so."""
     from hotloop.train.build import build_run
-    tiny = "image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,batch_size=2,pool_size=2,train_examples=16"
+    tiny = ("image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,batch_size=2,pool_size=2,train_examples=16,"
+            "max_grad_norm=0.5")
     run = build_run("shapes_unpaired", "cyclegan", "cyclegan_small", tiny)
-    report = build_step(run.model, run.hp, Strategy(fused_optimizer=False, clip_via_lr=True)).step.report
-    assert "clip: not folded into the learning rate (a phased step clips each phase's gradients)" in report
+    adam = build_step(run.model, run.hp, Strategy(fused_optimizer=False, clip_via_lr=True)).step
+    assert "clip: not folded into the learning rate (the optimizer is Adam, not plain SGD)" in adam.report
+    assert not adam.clip_via_lr
+    batch = next(iter(run.problem.reader("train", run.hp)))
+    sgd_hp = run.hp.replace(optimizer="sgd", learning_rate=0.01, weight_decay=0.0)
+    results = {}
+    for fold in (False, True):
+        torch.manual_seed(0)
+        model = build_run("shapes_unpaired", "cyclegan", "cyclegan_small", tiny).model
+        step = build_step(model, sgd_hp, Strategy(fused_optimizer=False, clip_via_lr=fold)).step
+        assert step.clip_via_lr == fold and len(step.phases) == 2
+        torch.manual_seed(1)
+        results[fold] = (step([batch]), [p.detach().clone() for p in model.parameters()])
+    (ref, ref_params), (folded, params) = results[False], results[True]
+    assert "clip: folded into the SGD learning rate" in step.report
+    torch.testing.assert_close(folded.grad_norm, ref.grad_norm, rtol=1e-5, atol=0)
+    for a, b in zip(params, ref_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

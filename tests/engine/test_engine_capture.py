@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from hotloop.engine import Strategy
-from hotloop.engine.step import compile_step
+from hotloop.engine.build import compile_step
 from hotloop.engine.parity import ParityCase, check_parity
 from hotloop.models.base import LossOutput
 
@@ -124,7 +124,7 @@ def test_accumulation_and_clipping_match_eager_bitwise(strategy):
 
 
 def test_graph_failing_on_first_run_falls_back_to_eager(monkeypatch):
-    import hotloop.engine.graph_step as graph_step
+    import hotloop.engine.graph_backend as graph_step
     from hotloop.engine.executors import ExecutorError
 
     class Broken:

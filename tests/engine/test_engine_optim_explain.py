@@ -45,7 +45,7 @@ def test_foreach_update_is_bitwise_on_real_models(name):
 
 @pytest.mark.parametrize("max_norm", [0.5, 1e3])   # clipped, and coefficient exactly 1
 def test_clip_grad_norm_is_bitwise_torch_and_skips_the_identity_multiply(max_norm, monkeypatch):
-    from hotloop.engine.step import clip_grad_norm
+    from hotloop.engine.clipping import clip_grad_norm
     torch.manual_seed(1)
     grads = [torch.randn(40, 30), torch.randn(17)]
     mine = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]

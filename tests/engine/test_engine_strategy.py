@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from hotloop.engine import Strategy, StrategyError, build_step
-from hotloop.engine.step import compile_step
+from hotloop.engine.build import compile_step
 from hotloop.hparams import HParams
 from hotloop.engine.flags import apply_device_flags, current_flags
 

@@ -14,7 +14,7 @@ import ctypes, resource, torch
 libc = ctypes.CDLL(None)              # glibc's initial thresholds, without their dynamic raise,
 libc.mallopt(-1, 128 << 10)           # so that the run without the setting faults every time
 libc.mallopt(-3, 128 << 10)
-from hotloop.engine.step import build_step
+from hotloop.engine.build import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams
 model = torch.nn.Linear(4, 4)

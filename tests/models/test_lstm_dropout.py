@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import repeating_stream_losses
-from hotloop.engine.step import build_step
+from hotloop.engine.build import build_step
 from hotloop.engine.strategy import Strategy, StrategyError
 from hotloop.models import lstm_cells
 from hotloop.models.lstm_lm import LSTMLM, lstm_lm_small

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from helpers import repeating_stream_losses
 from hotloop.builtin import declare_builtins
-from hotloop.engine.step import compile_step
+from hotloop.engine.build import compile_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import get_hparams
 from hotloop.models.base import ModelMismatchError

@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from hotloop.data import stream_windows
-from hotloop.engine.step import compile_step
+from hotloop.engine.build import compile_step
 from hotloop.engine.strategy import Strategy
 from hotloop.models.formulation import Formulation
 from hotloop.models.conv import ConvNet, ConvNetHParams

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from hotloop.engine import step as engine_step
-from hotloop.engine.step import StepResult
+from hotloop.engine import build as engine_step
+from hotloop.engine.step_parts import StepResult
 from hotloop.engine.strategy import Strategy
 from hotloop.registry import models
 from hotloop.tools.autotune import auto_strategy, read_batches, tune

@@ -1,0 +1,178 @@
+"""Building the step: :func:`build_step` is the one way to make one.
+
+From (model, hparams, Strategy) it makes the optimizer(s), the layout, the
+formulation, the :class:`~hotloop.engine.precision.Precision`, the data-parallel
+wrap and the backend, and returns the :class:`~hotloop.engine.step.TrainStep`.
+The Trainer, the autotuner's trials, ``hotloop profile``, ``hotloop explain`` and
+the parity check all call it, so each runs the step the Trainer runs.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..hparams import HParams
+from ..models.base import LossOutput
+from ..optim import build_optimizer, sparse_gradient_modules
+from ..problems.base import Batch
+from .backends import Backend, EagerBackend
+from .host_memory import keep_freed_memory
+from .precision import Precision
+from .precision_notices import precision_notices
+from .program import PhaseOptimizers, model_phases
+from .step import TrainStep, one_phase
+from .step_parts import LossFn, Phase, default_loss_fn
+from .strategy import Strategy, StrategyError, validate_for_model
+
+__all__ = ["BuiltStep", "build_step", "compile_step", "OptimizerFactory", "WrapFn", "wire_fused_optimizer",
+           "make_backend"]
+
+#: ``factory(params, fused) -> optimizer`` for callers whose optimizer is not described by hparams
+OptimizerFactory = Callable[[list[nn.Parameter], bool], torch.optim.Optimizer]
+#: ``wrap(model, optimizer) -> (train model, optimizer, no_sync)``: the data-parallel hook
+WrapFn = Callable[[nn.Module, torch.optim.Optimizer], tuple[nn.Module, torch.optim.Optimizer, Any]]
+
+
+@dataclass
+class BuiltStep:
+    """What :func:`build_step` made: call ``step(micro_batches, state)`` once per optimizer step."""
+
+    step: TrainStep
+    optimizer: Any                            # the one to step (a sharded wrapper under Reduce mode)
+    model: nn.Module                          # the model the step trains (wrapped for data parallel)
+    precision: Precision                      # autocast and loss scaling (its state goes into checkpoints)
+
+
+def _channels_last_inputs(loss_fn: LossFn) -> LossFn:
+    """Wrap ``loss_fn`` so 4-D floating batch tensors arrive in channels_last layout."""
+    def wrapped(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
+        batch = {k: v.contiguous(memory_format=torch.channels_last)
+                 if v.dim() == 4 and v.is_floating_point() else v for k, v in batch.items()}
+        return loss_fn(model, batch, state)
+    return wrapped
+
+
+def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> list[str]:
+    """Make the optimizer's multi-tensor mode follow ``Strategy.fused_optimizer``; report changes.
+
+    ``fused=True`` keeps a ``fused`` kernel if the optimizer was built with one, else
+    turns on ``foreach``; ``fused=False`` selects the per-tensor loop.
+    """
+    changes: list[str] = []
+    for i, group in enumerate(getattr(optimizer, "param_groups", None) or []):
+        if not isinstance(group, dict):
+            continue
+        want_foreach = fused and not group.get("fused")
+        if "foreach" in group and bool(group["foreach"]) != want_foreach:
+            changes.append(f"optimizer: param_group[{i}].foreach: {group['foreach']} -> {want_foreach}")
+            group["foreach"] = want_foreach
+        if not fused and group.get("fused"):
+            changes.append(f"optimizer: param_group[{i}].fused: True -> False")
+            group["fused"] = False
+    return changes
+
+
+def make_backend(strategy: Strategy, model: nn.Module, precision: Precision, *, phases: int,
+                 data_parallel: bool, report: list[str]) -> Backend:
+    """The backend ``strategy.backend`` names (a phased step runs eagerly, and says so)."""
+    if strategy.backend != "eager" and phases > 1:
+        backend = EagerBackend(report)
+        backend.fall_back(f"fallback: a step of {phases} phases runs eagerly (backend={strategy.backend})")
+        return backend
+    if strategy.backend == "graph":
+        from .graph_backend import GraphBackend
+        return GraphBackend(model, strategy, precision, data_parallel=data_parallel, report=report)
+    if strategy.backend == "inductor":
+        from .inductor_backend import InductorBackend
+        return InductorBackend(precision.device, strategy.cuda_graphs, report)
+    return EagerBackend(report)
+
+
+def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.optim.Optimizer,
+                 strategy: Strategy, *, phases: Sequence[Phase] | None = None,
+                 phase_optimizers: Sequence[torch.optim.Optimizer] | None = None,
+                 precision: Precision | None = None, max_grad_norm: float = 0.0,
+                 no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 clip_via_lr: bool = False, report: Sequence[str] = (),
+                 notices: Sequence[str] = ()) -> TrainStep:
+    """The :class:`TrainStep` for ``strategy`` over an optimizer already built (``build_step``
+    validates the strategy and builds the optimizer first; tests and benchmarks call this
+    directly). One-loss models pass ``loss_fn`` (default ``model.loss``); phased models pass
+    ``phases`` with one optimizer each. ``report`` and ``notices`` open the step's own lists.
+    """
+    lines = list(report)
+    for opt in (phase_optimizers or [optimizer]):
+        lines += wire_fused_optimizer(opt, strategy.fused_optimizer)
+    lines.append(keep_freed_memory())     # process-wide, once: large step buffers stop page-faulting
+    if phases is None:
+        phases = one_phase(loss_fn or default_loss_fn, model)
+        phase_optimizers = [optimizer]
+    if strategy.channels_last:
+        model.to(memory_format=torch.channels_last)   # parameters keep their identity
+        phases = [Phase(p.name, _channels_last_inputs(p.loss_fn), p.parameters) for p in phases]
+        lines.append("layout: model and 4-D float inputs converted to channels_last")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    precision = precision or Precision(strategy.precision, device)
+    backend = make_backend(strategy, model, precision, phases=len(phases), data_parallel=no_sync is not None,
+                           report=lines)
+    step = TrainStep(model, phases, optimizer, list(phase_optimizers or [optimizer]), precision,
+                     backend=backend, max_grad_norm=max_grad_norm, no_sync=no_sync, clip_via_lr=clip_via_lr,
+                     report=lines)
+    step.notices.extend(notices)
+    return step
+
+
+def _use_formulation(model: nn.Module, strategy: Strategy) -> list[str]:
+    """Hand the Strategy's formulation to a model that reads one; the report lines."""
+    use = getattr(model, "use_formulation", None)
+    if use is None:
+        return []
+    use(strategy.formulation)
+    changed = strategy.formulation.changed()
+    return [f"formulation: {', '.join(f'{k}={v}' for k, v in changed.items())}"] if changed else []
+
+
+def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: LossFn | None = None,
+               optimizer: OptimizerFactory | None = None, wrap: WrapFn | None = None,
+               max_grad_norm: float | None = None) -> BuiltStep:
+    """Build the optimizer(s) (``hp.optimizer``, or ``optimizer(params, fused)``) and the step for
+    ``strategy``: formulation, layout, fused update, precision, data-parallel wrap, backend.
+
+    ``max_grad_norm`` defaults to ``hp.max_grad_norm``. Raises
+    :class:`~hotloop.engine.strategy.StrategyError` for settings that do not fit the model.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    strategy.validate(device)
+    validate_for_model(strategy, model)
+    report = _use_formulation(model, strategy)
+    notices = precision_notices(strategy.precision, device, model)
+    if strategy.channels_last:
+        model.to(memory_format=torch.channels_last)   # before the optimizer: parameters keep identity
+    clip = hp.max_grad_norm if max_grad_norm is None else max_grad_norm
+    precision = Precision(strategy.precision, device)
+    fused = strategy.fused_optimizer
+    phases = model_phases(model) if loss_fn is None else None
+    if phases:
+        if wrap is not None and getattr(getattr(wrap, "__self__", None), "world_size", 2) > 1:
+            raise StrategyError(f"{type(model).__name__} trains in phases ({', '.join(p.name for p in phases)}); "
+                                "data-parallel runs of phased steps are not supported: use one process")
+        optimizers = {p.name: optimizer(list(p.parameters), fused) if optimizer is not None
+                      else build_optimizer(p.parameters, hp, fused=fused) for p in phases}
+        held = PhaseOptimizers(optimizers)
+        step = compile_step(model, None, held, strategy, phases=phases, phase_optimizers=list(optimizers.values()),
+                            precision=precision, max_grad_norm=clip, clip_via_lr=strategy.clip_via_lr,
+                            report=report, notices=notices)
+        return BuiltStep(step, held, model, precision)
+    if optimizer is not None:
+        opt = optimizer(params, fused)
+    else:
+        opt = build_optimizer(params, hp, fused=fused, sparse=bool(sparse_gradient_modules(model)))
+    train_model, opt, no_sync = wrap(model, opt) if wrap is not None else (model, opt, None)
+    step = compile_step(train_model, loss_fn, opt, strategy, precision=precision, max_grad_norm=clip,
+                        no_sync=no_sync, clip_via_lr=strategy.clip_via_lr, report=report, notices=notices)
+    return BuiltStep(step, opt, train_model, precision)

@@ -1,0 +1,75 @@
+"""``backend="inductor"``: the forward + loss is ``torch.compile``d (AOT autograd compiles the backward).
+
+Clipping and the optimizer update stay eager (multi-tensor kernels), in the one
+step. Graph breaks are counted from dynamo's counters after the first call; if
+compiling fails (no C++ compiler, an unsupported op) the micro-batch runs
+eagerly and ``fallback_reason`` says why. ``cuda_graphs=True`` selects the
+``reduce-overhead`` mode (CUDA graphs).
+"""
+from __future__ import annotations
+
+import shutil
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..models.base import LossOutput
+from ..problems.base import Batch
+from .backends import EagerBackend, ForwardBackward
+from .precision import Precision
+from .step_parts import LossFn, PhaseHook, detach_state
+
+__all__ = ["InductorBackend"]
+
+
+class InductorBackend(EagerBackend):
+    """The eager backend with each loss function ``torch.compile``d once."""
+
+    name = "inductor"
+
+    def __init__(self, device: torch.device, cuda_graphs: bool, report: list[str] | None = None) -> None:
+        super().__init__(report)
+        self.mode = "reduce-overhead" if cuda_graphs else None
+        self.compiled: dict[int, Callable[..., LossOutput]] = {}     # id(loss_fn) -> compiled loss
+        self.graph_breaks = 0
+        if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+            self.fall_back("fallback: inductor on CPU needs a C++ compiler (none on PATH)")
+
+    def _compile(self, loss_fn: LossFn) -> Callable[..., LossOutput]:
+        def forward(m: nn.Module, batch: Batch, state: Any) -> tuple:
+            out = loss_fn(m, batch, state)
+            return out.loss, out.stats, out.state, out.weight
+
+        compiled_fn = torch.compile(forward, mode=self.mode)
+
+        def compiled_loss(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
+            loss, stats, new_state, weight = compiled_fn(model, batch, state)
+            return LossOutput(loss, stats, new_state, weight=weight)
+        return compiled_loss
+
+    def forward_backward(self, model: nn.Module, loss_fn: LossFn, batch: Batch, state: Any, weighted: bool,
+                         precision: Precision, phase: PhaseHook) -> ForwardBackward:
+        if self.fallback_reason:
+            return super().forward_backward(model, loss_fn, batch, state, weighted, precision, phase)
+        key = id(loss_fn)
+        if key in self.compiled:
+            return super().forward_backward(model, self.compiled[key], batch, state, weighted, precision, phase)
+        from torch._dynamo.utils import counters
+        before = sum(counters["graph_break"].values())
+        compiled = self._compile(loss_fn)
+        try:      # the first call compiles forward and backward (AOT autograd) before any gradient
+            with phase("forward"), precision.autocast():
+                out = compiled(model, batch, state)
+        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            self.fall_back(f"fallback: torch.compile failed: {type(exc).__name__}: {first[:200]}")
+            return super().forward_backward(model, loss_fn, batch, state, weighted, precision, phase)
+        self.compiled[key] = compiled
+        self.graph_breaks = sum(counters["graph_break"].values()) - before
+        self.report.append(f"inductor: compiled, {self.graph_breaks} graph break(s)")
+        for reason, count in counters["graph_break"].items():
+            self.report.append(f"graph break x{count}: {str(reason).splitlines()[0][:160]}")
+        with phase("backward"):
+            precision.backward(out.loss)
+        return out.loss.detach(), out.stats, detach_state(out.state)
