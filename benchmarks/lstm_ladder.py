@@ -16,10 +16,11 @@ and bf16 operands), so the GEMM floor sees the same machine state as the rungs;
 After the timed rounds every rung's model is evaluated in fp32 (full logits)
 on the same validation batches: ``ppl`` shows quality is unchanged.
 
-The host-memory setting of ``build_step`` (:mod:`hotloop.engine.host_memory`) is
-process-wide: once the default's step is built, every rung has it, the plain
-loop included, so the ladder understates hotloop against a plain loop in its own
-process (``benchmarks/host_memory.py`` measures the setting alone).
+hotloop's process-wide settings (:mod:`hotloop.engine.process_settings`: the oneDNN
+primitive cache, host memory kept mapped) are applied first, as ``hotloop train`` does,
+so every rung has them, the plain loop included: the ladder understates hotloop
+against a plain loop in its own process (``benchmarks/host_memory.py`` measures the
+host-memory setting alone).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 from hotloop.builtin import declare_builtins
 from hotloop.engine.clipping import clip_via_lr
-from hotloop.engine.host_memory import keep_freed_memory
+from hotloop.engine.process_settings import apply_process_settings
 from hotloop.engine.build import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import HParams, get_hparams
@@ -266,6 +267,7 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
                extra_strategy: str = "", profile_steps: int = 0,
                data_dir: str | None = None, raw_dir: str | None = None) -> dict[str, Any]:
     declare_builtins()
+    apply_process_settings()        # as hotloop train does: every rung, the plain loop included
     hp = get_hparams(CONFIGS[config])
     problem = problems.get("ptb_lm")(data_dir=data_dir, raw_dir=raw_dir)
     problem.prepare()
@@ -325,7 +327,7 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
             "strategy": strategy.to_dict(), "strategy_source": how, "strategy_tune_s": tune_s,
             "profile_last_rung": profile_table, "rows": rows, "best_speedup": max(r["speedup"] for r in rows),
             "default_speedup": rows[-1]["speedup"] if default_ms is not None else None,
-            **machine_facts(), "host_memory": keep_freed_memory(), "gemm_floor_ms": floor["floor_ms"], "gemm_floor": floor,
+            **machine_facts(), "process_settings": apply_process_settings(), "gemm_floor_ms": floor["floor_ms"], "gemm_floor": floor,
             "floor_ratio": default_ms / floor["floor_ms"] if default_ms is not None else None}
 
 
@@ -388,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     result = run_ladder(args.config, args.steps, args.rounds, args.warmup_rounds, args.threads,
                         args.eval_batches, args.strategy, args.compile, args.only, args.extra_strategy,
                         args.profile_steps)
-    print(f"\n{result['host_memory']} (process-wide: every rung, the plain loop included)")
+    print(f"\n{'; '.join(result['process_settings'])} (process-wide: every rung, the plain loop included)")
     print(f"config {result['config']}: {result['timed_steps_per_rung']} timed steps/rung, "
           f"default threads {result['default_threads']}; {result['cpu']}, AMX {'present' if result['amx'] else 'absent'}")
     print(f"{'rung':58s} {'tok/s':>8s} {'ms/step':>8s} {'speedup':>8s} {'ppl':>8s}")

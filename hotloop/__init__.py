@@ -3,19 +3,14 @@
 Registries live in :mod:`hotloop.registry` (``problems``, ``models``,
 ``hparams_sets``, ``optimizers``, ``lr_schedules``); the subpackages
 ``hotloop.problems`` and ``hotloop.models`` hold the components themselves.
+Importing hotloop changes nothing in the process: its process-wide settings are made
+by :func:`hotloop.engine.process_settings.apply_process_settings` (the CLI, ``Trainer.fit``
+and the autotuner call it).
 """
-import os
-
-#: oneDNN keeps 1,024 kernel primitives by default. The autotuner's interleaved candidates
-#: (each with its own fp32/bf16, NCHW/channels_last convolution primitives) then evict each
-#: other's, and trials time primitive re-creation instead of steps (docs/tune.md). Read by
-#: oneDNN at its first primitive, so it is set here, before any; a value already set wins.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
-
-from . import registry  # noqa: E402
-from .builtin import declare_builtins  # noqa: E402
-from .hparams import HParams, apply_overrides, get_hparams  # noqa: E402
-from .registry import Registry, RegistryError, import_user_module  # noqa: E402
+from . import registry
+from .builtin import declare_builtins
+from .hparams import HParams, apply_overrides, get_hparams
+from .registry import Registry, RegistryError, import_user_module
 
 declare_builtins()
 

@@ -120,6 +120,8 @@ def _launch_workers(argv: list[str]) -> int | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hotloop`` console script; returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    from ..engine.process_settings import apply_process_settings
+    apply_process_settings()     # before any oneDNN primitive exists (the cache size is read once)
     try:
         code = _launch_workers(args_list)
         if code is not None:

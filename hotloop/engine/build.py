@@ -20,7 +20,6 @@ from ..models.base import LossOutput
 from ..optim import build_optimizer, sparse_gradient_modules
 from ..problems.base import Batch
 from .backends import Backend, EagerBackend
-from .host_memory import keep_freed_memory
 from .precision import Precision
 from .precision_notices import precision_notices
 from .program import PhaseOptimizers, model_phases
@@ -107,7 +106,6 @@ def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.opti
     lines = list(report)
     for opt in (phase_optimizers or [optimizer]):
         lines += wire_fused_optimizer(opt, strategy.fused_optimizer)
-    lines.append(keep_freed_memory())     # process-wide, once: large step buffers stop page-faulting
     if phases is None:
         phases = one_phase(loss_fn or default_loss_fn, model)
         phase_optimizers = [optimizer]

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..engine.clipping import clip_via_lr_unavailable
+from ..engine.process_settings import apply_process_settings
 from ..engine.parity import REFERENCE, ParityCase, check_parity, default_tolerance
 from ..engine.strategy import Strategy
 from ..errors import UserError
@@ -239,6 +240,7 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
          min_gain: float = 0.02, hardware: HardwareInfo | None = None) -> TuneReport:
     """Run the autotuner and return the full report (``auto_strategy`` returns ``report.strategy``)."""
     device = torch.device(device)
+    apply_process_settings()      # trials must not evict each other's oneDNN primitives
     # torch.optim imports torch._dynamo on first use (about a second): the run pays it
     # anyway when it builds its optimizer, so it is neither tuning time nor budget
     importlib.import_module("torch._dynamo")

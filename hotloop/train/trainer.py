@@ -17,6 +17,7 @@ from torch import nn
 
 from ..engine import Strategy, build_step
 from ..engine.flags import apply_device_flags
+from ..engine.process_settings import apply_process_settings
 from ..engine.step_parts import LossFn
 from ..errors import UserError
 from ..hparams import HParams
@@ -196,6 +197,7 @@ class Trainer:
     def fit(self, resume: bool | str | Path = False) -> FitResult:
         """Train until a limit is reached; ``resume=True`` continues from the latest
         checkpoint in ``output_dir`` (or from the given checkpoint path)."""
+        process_lines = apply_process_settings()
         self.stopper.restart_clock()
         path = self._resume_path(resume) if resume else None
         position = self.load_checkpoint(path) if path is not None else None
@@ -205,6 +207,8 @@ class Trainer:
         if self.output_dir is not None and self.dist.is_main:
             write_run_files(self.output_dir, self.hp, self.run_info, self.strategy, self.device)
         self.callbacks.emit(Event.FIT_START, self, resumed=path is not None)
+        for line in process_lines:
+            self.notify(f"process: {line}")
         self._window.restart(self.feeder.data_time)
         try:
             with StopSignalGuard(self.stopper.on_signal):

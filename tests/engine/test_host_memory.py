@@ -1,4 +1,4 @@
-"""build_step keeps freed host memory mapped: a step's repeated large buffers stop page-faulting."""
+"""The process settings keep freed host memory mapped: a step's repeated large buffers stop page-faulting."""
 from __future__ import annotations
 
 import os
@@ -14,13 +14,8 @@ import ctypes, resource, torch
 libc = ctypes.CDLL(None)              # glibc's initial thresholds, without their dynamic raise,
 libc.mallopt(-1, 128 << 10)           # so that the run without the setting faults every time
 libc.mallopt(-3, 128 << 10)
-from hotloop.engine.build import build_step
-from hotloop.engine.strategy import Strategy
-from hotloop.hparams import HParams
-model = torch.nn.Linear(4, 4)
-built = build_step(model, HParams(optimizer="sgd"), Strategy(),
-                   loss_fn=lambda m, b, s: None)
-print([line for line in built.step.report if line.startswith("host memory")][0])
+from hotloop.engine.process_settings import apply_process_settings
+print([line for line in apply_process_settings() if line.startswith("host memory")][0])
 def iteration():
     buffers = [torch.empty(mib << 20, dtype=torch.uint8).fill_(1) for mib in (1, 8, 3, 20, 2, 16)]
     del buffers
@@ -43,7 +38,7 @@ def _run(switch: str | None) -> tuple[str, float]:
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
-def test_built_steps_keep_freed_memory_and_the_switch_turns_it_off() -> None:
+def test_process_settings_keep_freed_memory_and_the_switch_turns_it_off() -> None:
     note, kept = _run(None)
     assert note == "host memory: freed blocks up to 32 MiB stay mapped (glibc mallopt)"
     # 50 MiB of buffers per iteration: 12,800 pages when every one is faulted in again; kept,
