@@ -69,7 +69,7 @@ _CHEAP = {operator.getitem, torch.ops.aten.view.default, torch.ops.aten.t.defaul
 
 
 @dataclass
-class _Step:
+class _NodeCall:
     index: int               # env slot of this node's value
     fn: Callable[..., Any]
     args: tuple
@@ -87,13 +87,13 @@ class _Plan:
         self.size = len(nodes)
         self.inputs = [self.slot[n] for n in nodes if n.op == "placeholder"]
         self.constants = [(self.slot[n], _fetch_attr(gm, n.target)) for n in nodes if n.op == "get_attr"]
-        self.steps: list[_Step] = []
+        self.steps: list[_NodeCall] = []
         self.output: Any = None
         for n in nodes:
             if n.op == "call_function":
                 args = fx.node.map_arg(n.args, lambda a: _Slot(self.slot[a]))
                 kwargs = fx.node.map_arg(n.kwargs, lambda a: _Slot(self.slot[a]))
-                self.steps.append(_Step(self.slot[n], n.target, args, kwargs, n.name))
+                self.steps.append(_NodeCall(self.slot[n], n.target, args, kwargs, n.name))
             elif n.op == "output":
                 self.output = fx.node.map_arg(n.args[0], lambda a: _Slot(self.slot[a]))
             elif n.op not in ("placeholder", "get_attr"):
@@ -187,7 +187,7 @@ class _Codegen:
             return repr(obj)
         return self.const(obj)
 
-    def call(self, step: _Step) -> str:
+    def call(self, step: _NodeCall) -> str:
         fn = self.const(step.fn)
         parts = [self.render(a) for a in step.args]
         parts += [f"{k}={self.render(v)}" for k, v in step.kwargs.items()]
@@ -219,7 +219,7 @@ class SerialExecutor:
         lines = ["def run(env):"]
         for i in self.plan.inputs + [c[0] for c in self.plan.constants]:
             lines.append(f"    v{i} = env[{i}]")
-        self.line_to_step: dict[int, _Step] = {}
+        self.line_to_step: dict[int, _NodeCall] = {}
         for step in self.plan.steps:
             self.line_to_step[len(lines) + 1] = step
             lines.append(f"    v{step.index} = {gen.call(step)}")
@@ -244,7 +244,7 @@ class SerialExecutor:
         outs = _flatten(self.plan.output)
         return [v.clone() if o.index in self.plan.copy_out else v for o, v in zip(outs, values)]
 
-    def _failed_step(self, exc: BaseException) -> _Step | None:
+    def _failed_step(self, exc: BaseException) -> _NodeCall | None:
         tb = exc.__traceback__
         while tb is not None:
             if tb.tb_frame.f_code.co_filename == self.filename:
