@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from hotloop.engine.strategy import Strategy, StrategyError, validate_for_model  # noqa: E402
 from hotloop.registry import models  # noqa: E402
 from hotloop.tools.autotune import read_batches, tune  # noqa: E402
-from hotloop.train.plan import planned_steps  # noqa: E402
+from hotloop.compose.plan import planned_steps  # noqa: E402
 from hotloop.tools.hardware import detect_hardware  # noqa: E402
 from hotloop.tools.proposals import baseline_strategy  # noqa: E402
 from hotloop.tools.trials import Trial, TrialRunner  # noqa: E402
@@ -112,7 +112,7 @@ def sweep(run: Any, contenders: list[Trial], steps: int, warmup: int) -> None:
 
 
 def bench_model(name: str, steps: int, warmup: int, log: Any) -> dict[str, Any]:
-    from hotloop.train.build import build_run
+    from hotloop.compose.build import build_run
     problem, hparams = CONFIGS[name]
     run = build_run(problem, name, hparams)   # missing data is an error, not a skip
     planned = planned_steps(run.problem, run.hp) or 1000

@@ -34,8 +34,8 @@ from hotloop.problems.base import EOS_ID  # noqa: E402
 from hotloop.problems.multi30k import Multi30kDeEn  # noqa: E402
 from hotloop.registry import models  # noqa: E402
 from hotloop.tools.hardware import detect_hardware  # noqa: E402
-from hotloop.train.build import build_model  # noqa: E402
-from hotloop.train.restore import find_checkpoint, load_trained  # noqa: E402
+from hotloop.compose.build import build_model  # noqa: E402
+from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
 
 
 def _model_and_problem(args: argparse.Namespace) -> tuple[Any, Any, Any, str]:

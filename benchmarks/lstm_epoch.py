@@ -45,7 +45,7 @@ from lstm_ladder import CONFIGS, RungRunner, eval_ppl, ladder_rungs, machine_fac
 from hotloop.builtin import declare_builtins  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.registry import problems  # noqa: E402
-from hotloop.train.restore import find_checkpoint, load_trained  # noqa: E402
+from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
 
 __all__ = ["plain_epoch", "hotloop_epoch", "main"]
 

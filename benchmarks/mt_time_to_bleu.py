@@ -34,8 +34,8 @@ import hotloop  # noqa: E402,F401
 from hotloop.decode import bleu_on_split  # noqa: E402
 from hotloop.tools.hardware import detect_hardware  # noqa: E402
 from hotloop.train import Callback, Event, Trainer  # noqa: E402
-from hotloop.train.build import build_run  # noqa: E402
-from hotloop.train.plan import auto_strategy  # noqa: E402
+from hotloop.compose.build import build_run  # noqa: E402
+from hotloop.compose.plan import auto_strategy  # noqa: E402
 
 PROBLEM, MODEL, HPARAMS = "translate_multi30k_de_en", "transformer", "transformer_multi30k"
 

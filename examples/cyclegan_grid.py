@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from hotloop.models.cyclegan import translation_grid, write_png
-from hotloop.train.restore import find_checkpoint, load_trained
+from hotloop.compose.restore import find_checkpoint, load_trained
 
 
 def main() -> None:

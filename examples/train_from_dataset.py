@@ -2,7 +2,7 @@
 
     python examples/train_from_dataset.py [--max-steps 300]
 
-:func:`hotloop.train.datasets.problem_from_data` wraps the data; the model is the
+:func:`hotloop.problems.datasets.problem_from_data` wraps the data; the model is the
 ``CharTagger`` of ``examples/char_components.py`` (any SequenceModel works).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from write_char_data import caesar, random_words  # noqa: E402
 from hotloop.engine import Strategy  # noqa: E402
 from hotloop.problems.base import ProblemSpec  # noqa: E402
 from hotloop.train import Trainer  # noqa: E402
-from hotloop.train.datasets import problem_from_data  # noqa: E402
+from hotloop.problems.datasets import problem_from_data  # noqa: E402
 
 
 class CaesarPairs(Dataset):

@@ -23,7 +23,7 @@ from hotloop.engine import Strategy  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.registry import models, problems  # noqa: E402
 from hotloop.train import Trainer  # noqa: E402
-from hotloop.train.build import build_model  # noqa: E402
+from hotloop.compose.build import build_model  # noqa: E402
 from hotloop.train.tracking import build_loggers  # noqa: E402
 
 

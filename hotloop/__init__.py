@@ -20,7 +20,7 @@ __all__ = ["HParams", "Registry", "RegistryError", "Strategy", "Trainer", "apply
 
 #: names imported on first use (they pull in torch and the engine)
 _LAZY = {"Trainer": "hotloop.train.trainer", "Strategy": "hotloop.engine.strategy",
-         "auto_strategy": "hotloop.train.plan", "build_run": "hotloop.train.build",
+         "auto_strategy": "hotloop.compose.plan", "build_run": "hotloop.compose.build",
          "load_model": "hotloop.export"}
 
 

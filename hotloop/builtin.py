@@ -6,7 +6,7 @@ This table is the one place that names every built-in.
 """
 from __future__ import annotations
 
-from .registry import Registry, hparams_sets, lr_schedules, models, optimizers, problems
+from .registry import Registry, evaluators, hparams_sets, lr_schedules, models, optimizers, problems
 
 __all__ = ["BUILTINS", "declare_builtins"]
 
@@ -81,6 +81,9 @@ BUILTINS: dict[Registry, dict[str, str]] = {
         "cosine": "hotloop.optim:Cosine",
         "epoch_decay": "hotloop.optim:EpochDecay",
         "plateau": "hotloop.optim:Plateau",
+    },
+    evaluators: {
+        "detect": "hotloop.detection.evaluate:evaluate_detect_task",
     },
 }
 

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import torch
 
+from .errors import StrategyError
 from .hparams import HParams
 from .registry import lr_schedules, optimizers
 
@@ -66,7 +67,6 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], hp: HParams, *, fused:
                     sparse: bool = False) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
     if fused and sparse:
-        from .engine.strategy import StrategyError
         raise StrategyError("fused_optimizer=True cannot update sparse gradients; "
                             "set fused_optimizer=False or use dense embeddings")
     return optimizers.get(hp.optimizer)(params, hp, fused)

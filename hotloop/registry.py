@@ -17,7 +17,7 @@ from typing import Callable, Generic, Iterator, TypeVar
 
 __all__ = [
     "Registry", "RegistryError", "problems", "models", "hparams_sets",
-    "optimizers", "lr_schedules", "ALL_REGISTRIES", "import_user_module",
+    "optimizers", "lr_schedules", "evaluators", "ALL_REGISTRIES", "import_user_module",
     "registered_name", "REGISTERED_NAME", "user_module_name", "is_imported",
 ]
 
@@ -165,6 +165,9 @@ models: Registry = Registry("model")
 hparams_sets: Registry = Registry("hparams set")
 optimizers: Registry = Registry("optimizer")
 lr_schedules: Registry = Registry("lr schedule")
+#: task name (``ProblemSpec.task``) -> evaluator ``(model, reader, *, device, max_batches) -> metrics``,
+#: used by :func:`hotloop.train.evaluation.evaluate_reader` instead of teacher-forced token metrics
+evaluators: Registry = Registry("evaluator")
 ALL_REGISTRIES: dict[str, Registry] = {
     "problems": problems, "models": models, "hparams": hparams_sets,
     "optimizers": optimizers, "lr_schedules": lr_schedules,

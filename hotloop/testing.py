@@ -124,7 +124,7 @@ def build_from_registry(model: str, problem: str, hp: HParams, steps: int, *, se
         spec = ProblemSpec(task="lm", input_vocab_size=lm_vocab, target_vocab_size=lm_vocab, streamed=True)
         batches = _random_lm_batches(hp, lm_vocab, steps, seed)
     else:
-        from .train.build import problem_class
+        from .compose.build import problem_class
         prob = problem_class(problem, models.get(model))()
         spec = prob.spec(hp)
         it = iter(prob.reader("train", hp, seed=seed))

@@ -29,7 +29,7 @@ from hotloop.models.base import SequenceModel
 from hotloop.problems.base import Problem, ProblemSpec
 from hotloop.registry import models, problems
 from hotloop.train import Callback, Event, Trainer
-from hotloop.train.build import build_model
+from hotloop.compose.build import build_model
 from hotloop.train.loggers import default_loggers
 
 __all__ = ["TINY", "tiny_hp", "make_trainer", "params_of", "ListReader", "TinyStreamLM", "tiny_lm_hp",

@@ -92,7 +92,7 @@ def _check_run_lock(argv: list[str]) -> None:
     (:func:`hotloop.cli.train.take_run_lock`), which also covers a directory from ``--config``.
     """
     from pathlib import Path
-    from ..parallel.cli_support import flag_text
+    from .cli_support import flag_text
     from ..train.runlock import check_unlocked
     out = flag_text(argv, "--output-dir")
     try:
@@ -105,7 +105,7 @@ def _check_run_lock(argv: list[str]) -> None:
 
 def _launch_workers(argv: list[str]) -> int | None:
     """``hotloop train --nproc N``: run N workers and return the job's exit code (None: train here)."""
-    from ..parallel.cli_support import flag_value, in_worker, maybe_launch
+    from .cli_support import flag_value, in_worker, maybe_launch
     if not argv or argv[0] != "train" or in_worker():
         return None
     try:
@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        args.command_argv = args_list[1:]   # what was typed after the command name (``hotloop train``'s config)
         import_modules(args.imports)
         apply_raw_root(args)
         if hasattr(args, "device"):

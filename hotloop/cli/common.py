@@ -74,7 +74,7 @@ def import_modules(specs: Sequence[str]) -> None:
 
 
 def build_from_args(args: argparse.Namespace, *, prepare: bool = True) -> Any:
-    """The run named by the run flags (:func:`hotloop.train.build.build_run`), on ``args.device``."""
-    from ..train.build import build_run
+    """The run named by the run flags (:func:`hotloop.compose.build.build_run`), on ``args.device``."""
+    from ..compose.build import build_run
     return build_run(args.problem, args.model, args.hparams, args.override or None,
                      data_dir=args.data_dir, raw_dir=args.raw_dir, device=args.device, prepare=prepare)

@@ -89,7 +89,7 @@ def _error(message: str) -> Exception:
 def _load(args: argparse.Namespace) -> Any:
     from ..data.errors import DataError
     from ..train.checkpoint import CheckpointError
-    from ..train.restore import find_checkpoint, load_trained
+    from ..compose.restore import find_checkpoint, load_trained
     try:
         path = find_checkpoint(args.output_dir, args.checkpoint, which=args.which)
         return load_trained(path, device=args.device, data_dir=args.data_dir, raw_dir=args.raw_dir, prepare=False)

@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.evaluation import evaluate_checkpoint
-    from ..train.restore import find_checkpoint
+    from ..compose.restore import evaluate_checkpoint
+    from ..compose.restore import find_checkpoint
     from .common import CLIError
     metrics = {m.strip() for m in args.metrics.split(",") if m.strip()}
     if not metrics or metrics - {"loss", "bleu"}:
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 def _print_bleu(path: object, splits: list[str], args: argparse.Namespace) -> None:
     """Decode each split with the checkpoint's model and print sacreBLEU with its signature."""
     from ..decode import bleu_on_split
-    from ..train.restore import load_trained
+    from ..compose.restore import load_trained
     trained = load_trained(path, device=args.device, data_dir=args.data_dir, raw_dir=args.raw_dir)
     for split in splits:
         result = bleu_on_split(trained.model, trained.problem, trained.hp, split, beam_size=args.beam_size,

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..engine.explain import explain
-    from ..train.plan import StrategyRequest, plan_strategy
+    from ..compose.plan import StrategyRequest, plan_strategy
     from .common import build_from_args
     request = StrategyRequest.parse(args.strategy, args.strategy_override, args.device)
     built = build_from_args(args)

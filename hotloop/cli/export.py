@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..export import export_checkpoint
-    from ..train.restore import find_checkpoint
+    from ..compose.restore import find_checkpoint
     checkpoint = find_checkpoint(args.output_dir, args.checkpoint, which=args.which)
     run_dir = Path(args.output_dir) if args.output_dir else checkpoint.parent.parent
     out = Path(args.out) if args.out else run_dir / "export" / args.format

@@ -1,10 +1,10 @@
 """``hotloop train``: validate everything, plan the Strategy once, then train.
 
 Order: the settings (``--config`` file, then the flags given on the command line,
-then the defaults; :mod:`hotloop.train.config`), names and overrides, the Strategy
+then the defaults; :mod:`hotloop.compose.config`), names and overrides, the Strategy
 request (parsed and checked once), the device, the loggers and the output
 directory; then datagen, the model, the concrete Strategy
-(:func:`hotloop.train.plan.plan_strategy`) and the Trainer. Inside a ``--nproc``
+(:func:`hotloop.compose.plan.plan_strategy`) and the Trainer. Inside a ``--nproc``
 worker the process group is joined first and the run's data-parallel context is
 made from the planned Strategy.
 
@@ -41,10 +41,11 @@ TRAIN_DEFAULTS: dict[str, Any] = {"eval_every": 500, "keep_last": 3, "strategy":
                                   "loggers": "jsonl,tensorboard", "on_nonfinite": "stop", "eval_bleu": 0}
 #: config key -> argparse dest, where they differ
 _DEST = {"overrides": "override", "strategy_overrides": "strategy_override"}
-_ARGV = "_train_argv"
+#: the namespace attribute with the arguments typed after ``hotloop train`` (set by :func:`hotloop.cli.main`)
+_ARGV = "command_argv"
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, record_argv: bool = True) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="run.yaml | run.json with the run's settings (flags given here win)")
     parser.add_argument("--output-dir", default=None, help="default: runs/<problem>-<model>-<hparams>")
@@ -73,19 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser, *, record_argv: bool = True) 
                         help="a non-finite loss stops the run (default) or its update is skipped and counted")
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel worker processes")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart a failed worker group N times")
-    if record_argv:
-        _record_argv(parser)
-
-
-def _record_argv(parser: argparse.ArgumentParser) -> None:
-    """Keep the raw arguments on the namespace, so :func:`_given_flags` knows what the user typed."""
-    original = parser.parse_known_args
-
-    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
-        ns, rest = original(args, namespace)
-        setattr(ns, _ARGV, list(sys.argv[1:] if args is None else args))
-        return ns, rest
-    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
 def _probe_parser() -> argparse.ArgumentParser:
@@ -93,7 +81,7 @@ def _probe_parser() -> argparse.ArgumentParser:
     probe = argparse.ArgumentParser(add_help=False)
     add_import_flag(probe)
     add_run_flags(probe)
-    add_arguments(probe, record_argv=False)
+    add_arguments(probe)
     return probe
 
 
@@ -110,14 +98,22 @@ def _given_flags(args: argparse.Namespace) -> set[str]:
 
 
 def apply_config(args: argparse.Namespace) -> None:
-    """Fill ``args`` from ``--config`` (flags given win; overrides combine), then the defaults."""
-    from ..train.config import load_config, overrides_text
+    """Fill ``args`` from ``--config`` (flags given win; overrides combine), then the defaults.
+
+    Strategy settings end typed: ``args.strategy`` is ``auto``/``default``/a file or a mapping
+    of fields, ``args.strategy_changes`` the typed field changes (the file's, then the flag's).
+    """
+    from ..compose.config import load_config, overrides_text
+    from ..engine.strategy import Strategy
     from .common import import_modules, resolve_device
     given = _given_flags(args)
     config = load_config(args.config) if args.config else {}
+    changes = _strategy_changes(config.get("strategy_overrides"))
     for key, value in config.items():
         dest = _DEST.get(key, key)
-        if key in ("overrides", "strategy_overrides"):
+        if key == "strategy_overrides":
+            continue
+        if key == "overrides":
             value = overrides_text(value, getattr(args, dest) if dest in given else None)
         elif dest in given:
             continue
@@ -131,19 +127,27 @@ def apply_config(args: argparse.Namespace) -> None:
     for key, value in TRAIN_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    # the user's text, parsed once; the flag's changes win over the file's
+    args.strategy_changes = {**changes, **Strategy.parse_overrides(args.strategy_override)}
     _apply_shortcuts(args)
 
 
-def _apply_shortcuts(args: argparse.Namespace) -> None:
-    """``--precision`` / ``--accum-steps`` become overrides; a different explicit value is an error."""
+def _strategy_changes(value: str | dict[str, Any] | None) -> dict[str, Any]:
+    """A config file's ``strategy_overrides`` (a mapping of typed values, or ``"k=v"`` text) as typed changes."""
     from ..engine.strategy import Strategy
+    return Strategy.field_changes(value) if isinstance(value, dict) else Strategy.parse_overrides(value)
+
+
+def _apply_shortcuts(args: argparse.Namespace) -> None:
+    """``--precision`` is a typed Strategy change, ``--accum-steps`` an hparams override; a different
+    explicit value given on the command line is an error."""
+    from ..compose.config import overrides_text
     from ..hparams import parse_overrides
-    from ..train.config import overrides_text
     if args.precision:
-        explicit = Strategy.parse_overrides(args.strategy_override).get("precision")
+        explicit = args.strategy_changes.get("precision")
         if explicit is not None and explicit != args.precision:
             raise CLIError(f"--precision {args.precision} conflicts with --strategy-override precision={explicit}")
-        args.strategy_override = overrides_text(args.strategy_override, f"precision={args.precision}")
+        args.strategy_changes["precision"] = args.precision
     if args.accum_steps is not None:
         if args.accum_steps < 1:
             raise CLIError(f"--accum-steps must be >= 1, got {args.accum_steps}")
@@ -154,16 +158,9 @@ def _apply_shortcuts(args: argparse.Namespace) -> None:
 
 
 def strategy_request(args: argparse.Namespace) -> Any:
-    """The Strategy request from ``--strategy`` (a name, a file, or a config mapping) and overrides."""
-    from ..engine.strategy import Strategy
-    from ..train.config import overrides_text
-    from ..train.plan import StrategyRequest
-    if isinstance(args.strategy, dict):  # a config file's (or run.json's) concrete Strategy
-        request = StrategyRequest(False, Strategy.parse(overrides_text(args.strategy)),
-                                  Strategy.parse_overrides(args.strategy_override))
-        request.fixed().validate(args.device)
-        return request
-    return StrategyRequest.parse(args.strategy, args.strategy_override, args.device)
+    """The Strategy request from ``--strategy`` (a name, a file, or a config mapping) and the typed changes."""
+    from ..compose.plan import StrategyRequest
+    return StrategyRequest.parse(args.strategy, args.strategy_changes, args.device)
 
 
 def check_writable(out: Path) -> None:
@@ -201,7 +198,7 @@ def check_same_run(out: Path, problem: str, model: str) -> None:
 
 def _global_rank() -> int:
     import os
-    from ..parallel import cli_support
+    from . import cli_support
     return int(os.environ.get("RANK", "0")) if cli_support.in_worker() else 0
 
 
@@ -228,9 +225,9 @@ def take_run_lock(args: argparse.Namespace, out: Path, *, check_only: bool = Fal
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..parallel import cli_support
+    from . import cli_support
     from ..train.bleu_during_training import supports_bleu
-    from ..train.build import resolve_names
+    from ..compose.build import resolve_names
     from ..train.checkpoint import CheckpointManager
     from ..train.tracking import parse_logger_names
     apply_config(args)
@@ -266,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_owned(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,
                request: Any, out: Path) -> int:
     """``run`` once the output directory is this job's: the finished check, the job, then training."""
-    from ..parallel import cli_support
+    from . import cli_support
     from ..train.finished import finished_message
     job = None
     if args.resume:
@@ -305,10 +302,10 @@ def run_info(args: argparse.Namespace, hparams_name: str, out: Path) -> dict[str
 
 def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,
            request: Any, out: Path, job: Any) -> int:
-    from ..parallel.cli_support import prepare_in_rank_order
-    from ..train import build
+    from .cli_support import prepare_in_rank_order
+    from ..compose import build
     from ..train.bleu_during_training import BleuAtEval
-    from ..train.plan import plan_strategy
+    from ..compose.plan import plan_strategy
     from ..train.tracking import build_loggers
     from ..train.trainer import Trainer
     info = run_info(args, hparams_name, out)
@@ -320,7 +317,7 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
     strategy = plan_strategy(request, model=model, problem=problem, hp=hp, device=args.device,
                              max_time=args.max_time, log=print, dist=job)
     dist = job.for_strategy(strategy) if job is not None else None
-    callbacks = build.run_callbacks(problem) if hasattr(build, "run_callbacks") else []
+    callbacks = build.run_callbacks(problem)
     if args.eval_bleu:
         callbacks.append(BleuAtEval(args.eval_bleu))
     trainer = Trainer(problem, model, hp, strategy=strategy, device=args.device, output_dir=out,

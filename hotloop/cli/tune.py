@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..tools.autotune import tune
-    from ..train.plan import planned_steps
+    from ..compose.plan import planned_steps
     from .common import build_from_args
     built = build_from_args(args)
     planned = args.planned_steps if args.planned_steps is not None else planned_steps(built.problem, built.hp)

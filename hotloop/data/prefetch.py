@@ -49,7 +49,11 @@ class FeedStats:
 
 
 def to_device(batch: Any, device: torch.device | None, *, pin: bool = False) -> Any:
-    """Move tensors in ``batch`` (dict/tuple/list/Tensor) to ``device``; CPU: make contiguous."""
+    """Move tensors in ``batch`` (dict/tuple/list/Tensor) to ``device``; CPU: make contiguous.
+
+    The one batch mover: the prefetcher, the feeder, evaluation and resume all use it.
+    ``pin`` copies through pinned memory (asynchronously) on an accelerator.
+    """
     if isinstance(batch, torch.Tensor):
         if device is None or device.type == "cpu":
             return batch.contiguous()
@@ -277,16 +281,12 @@ class SyncFeeder(ReaderWrapper):
 
 
 
-def prefetch(reader: Any, capacity: int = 2, device: Any = None, double_buffer: bool = True,
-             *, speed_test: bool = False, n_prepared: int = 8) -> Any:
+def prefetch(reader: Any, capacity: int = 2, device: Any = None, double_buffer: bool = True) -> Any:
     """Feed ``reader`` asynchronously (``capacity`` batches ahead; 0 = synchronous).
 
-    ``speed_test=True`` serves ``n_prepared`` already-prepared batches instead
-    (compute-only throughput; see :func:`hotloop.data.speedtest.speed_test`).
+    Compute-only throughput (``Strategy.speed_test``) is the feeder's switch
+    (:class:`hotloop.train.feeding.DataFeeder`, :func:`hotloop.data.speedtest.speed_test`).
     """
-    if speed_test:
-        from .speedtest import speed_test as make_speed_test
-        return make_speed_test(reader, n_prepared=n_prepared, device=device)
     if capacity == 0:
         return SyncFeeder(reader, device)
     return Prefetcher(reader, capacity=capacity, device=device, double_buffer=double_buffer)

@@ -12,9 +12,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.prefetch import to_device
+from ..train.metrics import StatsAccumulator, summarize
 from .coco_eval import CocoAccumulator
 
-__all__ = ["evaluate_detection"]
+__all__ = ["evaluate_detection", "evaluate_detect_task"]
 
 
 @torch.no_grad()
@@ -24,9 +26,6 @@ def evaluate_detection(model: nn.Module, reader: Any, *, device: torch.device | 
 
     ``with_masks`` defaults to whether the model's detections carry ``masks``.
     """
-    from ..train.feeding import to_device          # imported here: hotloop.train may import this module
-    from ..train.metrics import StatsAccumulator, summarize
-
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -50,3 +49,12 @@ def evaluate_detection(model: nn.Module, reader: Any, *, device: torch.device | 
     if coco is not None:
         out.update(coco.compute())
     return out
+
+
+def evaluate_detect_task(model: nn.Module, reader: Any, *, device: torch.device | str = "cpu",
+                         max_batches: int = 0) -> dict[str, float]:
+    """The ``detect`` task's evaluator (:data:`hotloop.registry.evaluators`, declared in
+    :mod:`hotloop.builtin`): :func:`evaluate_detection` over the model's classes. One process:
+    AP needs every prediction."""
+    return evaluate_detection(model, reader, device=device, num_classes=model.spec.target_vocab_size,
+                              max_batches=max_batches)

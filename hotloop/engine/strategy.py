@@ -1,28 +1,29 @@
 """`Strategy`: one typed, validated object holding every speed knob.
 
 Paddle split these over BuildStrategy, ExecutionStrategy and FLAGS; here they
-are one frozen dataclass. ``validate(device)`` rejects fields that do not
-apply to the hardware and incompatible combinations.
+are one frozen dataclass. Values arrive typed: ``Strategy.parse_overrides`` converts the
+user's ``"k=v"`` text once, ``Strategy.from_mapping`` checks a mapping (a JSON/YAML file,
+``run.json``) by name and type without any text. ``validate(device)`` rejects fields that do
+not apply to the hardware and incompatible combinations, once: a Strategy that passed for a
+device is trusted there afterwards.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
-from ..errors import UserError
+from ..errors import StrategyError
 from ..hparams import HParamsError, apply_overrides, parse_overrides
 from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
 
 __all__ = ["Strategy", "StrategyError", "validate_for_model"]
-
-
-class StrategyError(UserError, ValueError):
-    """A Strategy field that is invalid, or does not apply to this hardware."""
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,28 @@ class Strategy:
         """``base`` (default ``Strategy()``) with the ``"k=v,..."`` overrides in ``text`` applied."""
         return (base or cls()).replace(**cls.parse_overrides(text))
 
+    @staticmethod
+    def field_changes(fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Typed field changes from a mapping of typed values (JSON/YAML), checked by name and
+        type (an int for a float field is widened; a list for a tuple field becomes a tuple)."""
+        changes: dict[str, Any] = {}
+        for key, value in fields.items():
+            key = str(key)
+            if key not in _FIELD_TYPES:
+                close = difflib.get_close_matches(key, list(_FIELD_TYPES), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise StrategyError(f"unknown strategy field {key!r}{hint}")
+            changes[key] = _typed(key, value, _FIELD_TYPES[key])
+        return changes
+
+    @classmethod
+    def from_mapping(cls, fields: Mapping[str, Any], base: "Strategy | None" = None) -> "Strategy":
+        """``base`` (default ``Strategy()``) with the typed ``fields`` applied (:meth:`field_changes`)."""
+        return (base or cls()).replace(**cls.field_changes(fields))
+
     @classmethod
     def from_file(cls, path: str | Path) -> "Strategy":
-        """A JSON object of Strategy fields (as ``run.json`` records it); same checks as overrides."""
+        """A JSON object of Strategy fields (as ``run.json`` records it), checked by :meth:`from_mapping`."""
         path = Path(path)
         try:
             fields = json.loads(path.read_text())
@@ -99,9 +119,8 @@ class Strategy:
                 raise ValueError("expected a JSON object")
         except (OSError, ValueError) as exc:
             raise StrategyError(f"strategy file {path}: {exc}") from None
-        as_text = ",".join(f"{k}={':'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in fields.items())
         try:
-            return cls.parse(as_text)
+            return cls.from_mapping(fields)
         except StrategyError as exc:
             raise StrategyError(f"strategy file {path}: {exc}") from None
 
@@ -109,8 +128,22 @@ class Strategy:
         return dataclasses.asdict(self)
 
     def validate(self, device: torch.device | str = "cpu") -> "Strategy":
-        """Raise :class:`StrategyError` for invalid or inapplicable settings; return self."""
+        """Raise :class:`StrategyError` for invalid or inapplicable settings; return self.
+
+        The checks run once per Strategy and device: a Strategy that passed (the planned one,
+        :func:`hotloop.compose.plan.plan_strategy`) is trusted afterwards, so the Trainer's,
+        ``apply_device_flags``' and ``build_step``'s calls return at once. A changed copy
+        (``replace``) is a new Strategy and is checked again.
+        """
         device = torch.device(device)
+        if self.__dict__.get("_checked_for") == device:
+            return self
+        self._check(device)
+        object.__setattr__(self, "_checked_for", device)   # not a field: equality and to_dict ignore it
+        return self
+
+    def _check(self, device: torch.device) -> None:
+        """Every check of :meth:`validate` (raises :class:`StrategyError`)."""
         choices = {"backend": ("eager", "graph", "inductor"), "executor": ("serial", "parallel"),
                    "precision": ("fp32", "bf16", "fp16"),
                    "data_parallel": ("none", "allreduce", "reduce")}
@@ -159,7 +192,24 @@ class Strategy:
         if self.cuda_graphs and self.backend != "inductor":
             raise StrategyError("strategy cuda_graphs=True is served by torch.compile's "
                                 "reduce-overhead mode: set backend=inductor")
-        return self
+
+
+def _typed(key: str, value: Any, typ: Any) -> Any:
+    """``value`` as field ``key`` of type ``typ`` holds it, or :class:`StrategyError`."""
+    if typing.get_origin(typ) is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, typ):
+        return value
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    wanted = names.get(typ, "a list of strings")
+    raise StrategyError(f"strategy field {key!r} must be {wanted}, got {type(value).__name__} {value!r}")
 
 
 def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
@@ -181,3 +231,8 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
             isinstance(m, torch.nn.Conv2d) for m in model.modules()):
         raise StrategyError("strategy channels_last=True applies to 2-D convolutions; "
                             f"{type(model).__name__} has none")
+
+
+#: field name -> its type (``Strategy``'s annotations, resolved)
+_FIELD_TYPES: dict[str, Any] = {f.name: typing.get_type_hints(Strategy)[f.name]
+                                for f in dataclasses.fields(Strategy)}

@@ -226,7 +226,7 @@ def load_for_export(output_dir: str | Path | None = None, checkpoint: str | Path
     """
     from ..registry import models, problems
     from ..train.checkpoint import load_checkpoint
-    from ..train.restore import find_checkpoint, load_trained
+    from ..compose.restore import find_checkpoint, load_trained
     path = find_checkpoint(output_dir, checkpoint, which=which)
     try:
         return load_trained(path, device="cpu", prepare=False)

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..detection.postprocess import select_detections
-from ..detection.rcnn_targets import match_boxes, sample_balanced, select_proposals
-from ..detection.resnet_fpn import FPN, FPN_STRIDES, ResNet
+from .detection_postprocess import select_detections
+from .rcnn_targets import match_boxes, sample_balanced, select_proposals
+from .resnet_fpn import FPN, FPN_STRIDES, ResNet
 from ..hparams import HParams
 from ..ops.anchors import multilevel_anchors
 from ..ops.boxes import BoxCoder

@@ -112,7 +112,7 @@ class MultiModel(SequenceModel):
 
     tasks: ClassVar[tuple[str, ...]] = ("multi",)
     hparams_class = MultiModelHParams
-    #: read by :func:`hotloop.train.build.resolve_names`: wrap single problems in a MultiProblem
+    #: read by :func:`hotloop.compose.build.resolve_names`: wrap single problems in a MultiProblem
     multi_problem: ClassVar[bool] = True
 
     def __init__(self, hp: MultiModelHParams, spec: ProblemSpec) -> None:

@@ -8,7 +8,7 @@ head runs five alternating 1x1/3x3 convs on the deepest map, predicts, then
 upsamples and concatenates with the next shallower stage (a small FPN), twice.
 
 Each scale predicts ``A x (4 + 1 + K)`` values per cell; the loss is in
-:mod:`hotloop.detection.yolo_loss`. With ``multiscale_sizes`` set, each
+:mod:`hotloop.models.yolo_loss`. With ``multiscale_sizes`` set, each
 training batch is resized to a size drawn from it (boxes scaled alike).
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..detection.postprocess import select_detections
-from ..detection.yolo_loss import YoloScale, scale_grid, yolo_loss
+from .detection_postprocess import select_detections
+from .yolo_loss import YoloScale, scale_grid, yolo_loss
 from ..hparams import HParams
 from ..ops.boxes import yolo_decode
 from ..problems.base import Batch, ProblemSpec

@@ -5,12 +5,11 @@ from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, EarlyStopping, Event
 from .loggers import ConsoleLogger, JsonlLogger, ProgressBar, TensorBoardLogger, default_loggers
 from .metrics import StatsAccumulator, summarize
-from .plan import StrategyRequest, auto_strategy, plan_strategy
 from .runlock import RunLock, RunLockError
 from .trainer import FitResult, Trainer, TrainerError
 
 __all__ = ["Callback", "CallbackList", "CheckpointError", "CheckpointManager", "ConsoleLogger",
            "CorruptCheckpointError", "DistContext", "EarlyStopping", "Event", "FitResult", "JsonlLogger",
            "LocalContext", "ProgressBar", "RunLock", "RunLockError", "StatsAccumulator", "TensorBoardLogger",
-           "Trainer", "TrainerError", "StrategyRequest", "auto_strategy", "default_loggers", "load_checkpoint",
-           "plan_strategy", "save_checkpoint", "summarize", "verify_checkpoint"]
+           "Trainer", "TrainerError", "default_loggers", "load_checkpoint", "save_checkpoint", "summarize",
+           "verify_checkpoint"]

@@ -139,7 +139,7 @@ def test_load_model_refuses_a_planted_manifest(tmp_path, planted):
     from hotloop.export.artifacts import MANIFEST, load_model, make_manifest, save_safetensors
     from hotloop.export.errors import ExportError
     from hotloop.registry import models, problems
-    from hotloop.train.build import build_model
+    from hotloop.compose.build import build_model
     hp = get_hparams("transformer_algorithmic", TINY)
     model = build_model(models.get("transformer"), hp, problems.get("algorithmic_reverse")().spec(hp))
     out = tmp_path / "export"
@@ -156,7 +156,7 @@ def test_load_model_refuses_a_planted_manifest(tmp_path, planted):
 
 
 def test_config_file_cannot_add_imports(capsys, tmp_path, planted):
-    from hotloop.train.config import ConfigError, load_config
+    from hotloop.compose.config import ConfigError, load_config
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"imports": [planted.name], "max_steps": 1}))
     code, err = _run(capsys, "train", "--config", str(config), "--output-dir", str(tmp_path / "out"))

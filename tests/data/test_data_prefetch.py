@@ -133,7 +133,7 @@ def test_speed_test_serves_prepared_batches_without_consuming(caplog):
     assert reader.state_dict() == {"epoch": 0, "position": 2}  # not consumed
     expected = [b["x"].tolist() for b in _reader()][2:5]
     assert [b["x"].tolist() for b in batches[:3]] == expected
-    assert len(list(prefetch(_reader(), speed_test=True, n_prepared=2))) == 14
+    assert len(list(speed_test(_reader(), n_prepared=2))) == 14
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -12,7 +12,7 @@ from hotloop.decode.translate import DecodeOptions, translate_ids  # noqa: E402
 from hotloop.errors import UserError  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.problems.multi_problem import multi_problem_class  # noqa: E402
-from hotloop.train.restore import find_checkpoint, load_trained  # noqa: E402
+from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
 
 WMT = "translate_wmt_en_de_nc"
 NAMES = f"{WMT},algorithmic_copy"

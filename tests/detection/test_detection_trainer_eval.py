@@ -6,7 +6,7 @@ import torch
 from hotloop.cli import main
 from hotloop.engine import Strategy
 from hotloop.train import Trainer
-from hotloop.train.build import build_run
+from hotloop.compose.build import build_run
 
 torch.set_num_threads(1)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from hotloop.detection.rcnn_targets import BACKGROUND, IGNORE, match_boxes, sample_balanced, select_proposals
-from hotloop.detection.resnet_fpn import ResNet
+from hotloop.models.rcnn_targets import BACKGROUND, IGNORE, match_boxes, sample_balanced, select_proposals
+from hotloop.models.resnet_fpn import ResNet
 from hotloop.models.mask_rcnn import MaskRCNN, mask_rcnn_tiny
 from hotloop.ops import BoxCoder
 from hotloop.problems.detection_shapes import DetectionShapes

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from hotloop.detection.yolo_loss import YoloScale, best_anchor, yolo_loss
+from hotloop.models.yolo_loss import YoloScale, best_anchor, yolo_loss
 from hotloop.models.yolov3 import YoloV3, yolov3_tiny
 from hotloop.problems.detection_shapes import DetectionShapes
 

@@ -18,7 +18,7 @@ from hotloop.engine import Strategy, build_step
 from hotloop.problems.algorithmic import Reverse
 from hotloop.problems.base import PAD_ID
 from hotloop.registry import models
-from hotloop.train.build import build_model
+from hotloop.compose.build import build_model
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -87,7 +87,7 @@ def test_build_step_folds_the_clip_for_sgd_and_clips_gradients_for_adam() -> Non
 
 def test_a_phased_step_folds_the_clip_per_phase_as_a_one_loss_step_does() -> None:
     """Each phase's clip folds into its own SGD step; Adam phases clip their gradients, and say so."""
-    from hotloop.train.build import build_run
+    from hotloop.compose.build import build_run
     tiny = ("image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,batch_size=2,pool_size=2,train_examples=16,"
             "max_grad_norm=0.5")
     run = build_run("shapes_unpaired", "cyclegan", "cyclegan_small", tiny)

@@ -7,7 +7,7 @@ import torch
 from hotloop.engine import Strategy
 from hotloop.engine.build import compile_step
 from hotloop.engine.precision import Precision
-from hotloop.train.build import build_run
+from hotloop.compose.build import build_run
 
 TINY = "image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,batch_size=2,pool_size=2,train_examples=16"
 

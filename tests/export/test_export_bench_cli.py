@@ -22,7 +22,7 @@ from hotloop.export.bench_models import subject_from_model  # noqa: E402
 from hotloop.export.graphs import example_inputs, forward_graph  # noqa: E402
 from hotloop.models.conv import ConvNet  # noqa: E402
 from hotloop.registry import models  # noqa: E402
-from hotloop.train.restore import find_checkpoint, load_trained  # noqa: E402
+from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
 
 
 def _args(module, **values) -> argparse.Namespace:

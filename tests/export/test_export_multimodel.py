@@ -14,7 +14,7 @@ pytest.importorskip("safetensors")
 from hotloop.export import ExportError, export_model, load_model, load_runtime, read_manifest  # noqa: E402
 from hotloop.export.graphs import example_inputs  # noqa: E402
 from hotloop.problems.mixing import tag_batch  # noqa: E402
-from hotloop.train.build import build_run  # noqa: E402
+from hotloop.compose.build import build_run  # noqa: E402
 
 PROBLEMS = "algorithmic_copy,image_synthetic"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from hotloop.engine import Strategy
 from hotloop.train import Trainer
-from hotloop.train.build import build_run, run_callbacks
+from hotloop.compose.build import build_run, run_callbacks
 from hotloop.train.loggers import default_loggers
 
 __all__ = ["PROBLEMS", "TINY", "tiny_run", "make_multi_trainer"]

@@ -12,7 +12,7 @@ from hotloop.models.base import ModelMismatchError
 from hotloop.problems.mixing import task_of
 from hotloop.problems.multi_problem import MultiProblem
 from hotloop.registry import problems
-from hotloop.train.build import resolve_names
+from hotloop.compose.build import resolve_names
 from hotloop.train.evaluation import evaluate_reader
 
 

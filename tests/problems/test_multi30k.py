@@ -136,7 +136,7 @@ def test_accumulation_weights_every_token_equally(m30k):
 
     from hotloop.engine import Strategy, build_step
     from hotloop.registry import models
-    from hotloop.train.build import build_model
+    from hotloop.compose.build import build_model
     hp = _hp(hidden_size=32, num_layers=1, num_heads=2, filter_size=64, dropout=0.0, label_smoothing=0.0,
              optimizer="sgd", learning_rate=0.5, max_grad_norm=0.0, batch_tokens=600)
     it = iter(m30k.reader("train", hp, shuffle=False))

@@ -22,7 +22,7 @@ from hotloop.errors import UserError
 from hotloop.hparams import HParamsError, get_hparams
 from hotloop.problems.multi30k import MULTI30K_PAIRS, Multi30kDeEn
 from hotloop.problems.translation import train_subset
-from hotloop.train.build import build_run, resolve_names
+from hotloop.compose.build import build_run, resolve_names
 
 RAW = raw_data_dir("multi30k")
 NAME = "translate_multi30k_de_en"

@@ -1,4 +1,4 @@
-"""auto_strategy end to end on tiny models: budget, parity guard, cache, isolation, user models."""
+"""The autotuner end to end on tiny models: budget, parity guard, cache, isolation, user models."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from hotloop.engine import build as engine_step
 from hotloop.engine.step_parts import StepResult
 from hotloop.engine.strategy import Strategy
 from hotloop.registry import models
-from hotloop.tools.autotune import auto_strategy, read_batches, tune
+from hotloop.tools.autotune import read_batches, tune
 from hotloop.tools.tune_budget import DEFAULT_BUDGET_FRACTION
 from hotloop.tools.isolation import preserved_process_state
 from hotloop.tools.proposals import Proposal, baseline_strategy
@@ -207,8 +207,8 @@ def test_tuning_leaves_weights_and_rng_untouched(tiny_model, copy_problem, tiny_
     random.seed(11)
     np.random.seed(11)
     threads = torch.get_num_threads()
-    auto_strategy(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=3, cache=False,
-                  log=lambda line: None)
+    tune(tiny_model, copy_problem, tiny_hp, "cpu", None, max_seconds=3, cache=False,
+         log=lambda line: None)
     after = tiny_model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in tiny_model.parameters())

@@ -10,7 +10,7 @@ from hotloop.tools.isolation import preserved_process_state
 from hotloop.tools.proposals import baseline_strategy
 from hotloop.tools.trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory
 from hotloop.tools.trials import Trial, TrialRunner
-from hotloop.train.build import build_run
+from hotloop.compose.build import build_run
 
 
 def _trial(losses: list[float]) -> Trial:

@@ -51,7 +51,7 @@ def _error_lines(err: str) -> list[str]:
 
 def _warm_up() -> None:
     """Import what ``hotloop train`` imports, so the timed refusal measures the command, not imports."""
-    from hotloop.train.build import resolve_names
+    from hotloop.compose.build import resolve_names
     resolve_names("algorithmic_reverse", "transformer", None, TINY)
 
 

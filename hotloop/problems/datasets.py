@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 from ..data import Reader, from_generator
 from ..errors import UserError
 from ..hparams import HParams
-from ..problems.base import Problem, ProblemSpec
+from .base import Problem, ProblemSpec
 
 __all__ = ["problem_from_data", "DataProblem", "DatasetSource"]
 

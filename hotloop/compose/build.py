@@ -23,7 +23,7 @@ from ..hparams import HParams, HParamsError, get_hparams
 from ..models.base import ModelMismatchError
 from ..problems.base import Problem, ProblemSpec
 from ..registry import hparams_sets, models, problems
-from .events import Callback
+from ..train.events import Callback
 
 __all__ = ["Run", "resolve_names", "build_run", "build_model", "problem_class", "run_callbacks"]
 
@@ -52,7 +52,7 @@ def run_callbacks(problem: Problem) -> list[Callback]:
     :class:`~hotloop.train.best_per_split.BestPerSplit` (the best checkpoint per problem)."""
     from ..problems.multi_problem import MultiProblem
     if isinstance(problem, MultiProblem):
-        from .best_per_split import BestPerSplit
+        from ..train.best_per_split import BestPerSplit
         return [BestPerSplit(problem.eval_splits)]
     return []
 

@@ -1,13 +1,13 @@
 """Reload a trained run from a checkpoint: problem, hparams and model with its weights.
 
 One way for ``eval``, ``decode`` and ``export`` to get a trained model back
-without the optimizer or reader state.
+without the optimizer or reader state; :func:`evaluate_checkpoint` scores it on its splits.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -15,10 +15,11 @@ from torch import nn
 from ..hparams import HParams, hparams_from_dict
 from ..problems.base import Problem, ProblemSpec
 from ..registry import models
+from ..train.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint
+from ..train.evaluation import evaluate_reader
 from .build import build_model, problem_class
-from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint
 
-__all__ = ["TrainedRun", "find_checkpoint", "load_trained"]
+__all__ = ["TrainedRun", "find_checkpoint", "load_trained", "evaluate_checkpoint"]
 
 
 @dataclass
@@ -88,3 +89,28 @@ def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_d
     if precision == "fp16" and device.type != "cuda":
         precision = "fp32"
     return TrainedRun(problem, hp, spec, model, path, dict(run), precision)
+
+
+def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("valid", "test"), *,
+                        device: str | torch.device = "cpu", data_dir: str | None = None,
+                        raw_dir: str | None = None, max_batches: int = 0
+                        ) -> dict[str, dict[str, float] | str]:
+    """Rebuild the run recorded in checkpoint ``path`` and evaluate each split.
+
+    Returns ``split -> metrics``, or ``split -> reason`` for a split the problem lacks.
+    """
+    trained = load_trained(path, device=device, data_dir=data_dir, raw_dir=raw_dir)
+    problem, hp, spec, model, precision = (trained.problem, trained.hp, trained.spec, trained.model,
+                                           trained.precision)
+    device = torch.device(device)
+    results: dict[str, dict[str, float] | str] = {}
+    for split in splits:
+        try:
+            reader = problem.reader(split, hp, shuffle=False)
+        except (ValueError, FileNotFoundError, KeyError) as exc:
+            results[split] = f"not available ({exc})"
+            continue
+        state = model.initial_state(hp.batch_size, device) if spec.streamed else None
+        results[split] = evaluate_reader(model, reader, device=device, precision=precision,
+                                         initial_state=state, max_batches=max_batches)
+    return results

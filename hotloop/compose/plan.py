@@ -1,17 +1,18 @@
 """Deciding a run's Strategy, once, before the Trainer is built.
 
-``StrategyRequest.parse("auto", "precision=bf16", device)`` parses and validates
-what the user asked for (``auto``, ``default`` or a JSON file, plus overrides).
-:func:`plan_strategy` turns it into the one concrete :class:`Strategy` that the
-Trainer, the data-parallel context and the feeder all read: for ``auto`` it runs
-the autotuner (on the main rank of a multi-process job, which then shares the
-choice) and applies the user's overrides on top.
+``StrategyRequest.parse("auto", {"precision": "bf16"}, device)`` checks what the user asked
+for (``auto``, ``default``, a JSON file or a mapping of fields, plus typed overrides).
+:func:`plan_strategy` turns it into the one concrete :class:`Strategy` that the Trainer, the
+data-parallel context and the feeder all read, validated once here: for ``auto`` it runs the
+autotuner (on the main rank of a multi-process job, which then shares the choice) and applies
+the user's overrides on top. Downstream code trusts the planned Strategy
+(:meth:`Strategy.validate` does not check it again).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -32,24 +33,36 @@ class StrategyRequest:
     overrides: dict[str, Any] = field(default_factory=dict)   # typed Strategy field changes
 
     @classmethod
-    def parse(cls, value: str = "auto", overrides: str | None = None,
+    def parse(cls, value: str | Mapping[str, Any] = "auto", overrides: str | Mapping[str, Any] | None = None,
               device: torch.device | str = "cpu") -> "StrategyRequest":
-        """``value``: ``auto``, ``default`` or a JSON file of Strategy fields; ``overrides``: ``"k=v,..."``.
+        """``value``: ``auto``, ``default``, a JSON file or a mapping of Strategy fields;
+        ``overrides``: typed field changes (a mapping), or the user's ``"k=v,..."`` text.
 
-        Everything is checked here (names, types, hardware), before any tuning starts.
+        What the user chose is checked here (names, types, hardware), before any tuning
+        starts: the fixed Strategy, or under ``auto`` the overrides on the defaults.
         """
-        base = Strategy() if value in ("auto", "default") else Strategy.from_file(value)
-        request = cls(value == "auto", base, Strategy.parse_overrides(overrides))
-        request.fixed().validate(device)
+        if isinstance(value, Mapping):
+            base = Strategy.from_mapping(value)
+        else:
+            base = Strategy() if value in ("auto", "default") else Strategy.from_file(value)
+        changes = (Strategy.parse_overrides(overrides) if isinstance(overrides, str) or overrides is None
+                   else Strategy.field_changes(overrides))
+        request = cls(value == "auto", base, changes)
+        if not request.auto or request.overrides:
+            request.fixed().validate(device)
         return request
 
     def fixed(self) -> Strategy:
-        """The base with the overrides applied (the Strategy when not tuning)."""
-        return self.base.replace(**self.overrides)
+        """The base with the overrides applied (the Strategy when not tuning; the same object
+        on every call, so a Strategy checked once stays checked)."""
+        if "_fixed" not in self.__dict__:
+            object.__setattr__(self, "_fixed", self.base.replace(**self.overrides) if self.overrides
+                               else self.base)
+        return self.__dict__["_fixed"]
 
     def on_top_of(self, tuned: Strategy) -> Strategy:
         """``tuned`` with the user's overrides applied (they always win)."""
-        return tuned.replace(**self.overrides)
+        return tuned.replace(**self.overrides) if self.overrides else tuned
 
 
 def planned_steps(problem: Problem, hp: HParams) -> int | None:
@@ -94,17 +107,15 @@ def plan_strategy(request: StrategyRequest, *, model: nn.Module, problem: Proble
     the other ranks receive its choice, so every rank runs the same step.
     """
     if not request.auto:
-        return request.fixed()
+        return request.fixed().validate(device)      # checked by StrategyRequest.parse: trusted
     distributed = dist is not None and dist.world_size > 1
-    text = None
+    chosen = None
     if not distributed or dist.is_main:
-        tuned = auto_strategy(model, problem, hp, device, max_time=max_time, log=log)
-        text = json.dumps(request.on_top_of(tuned).to_dict())
-    if distributed:
-        text = dist.broadcast_text(text)
-    assert text is not None
-    fields = json.loads(text)
-    chosen = Strategy(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        chosen = request.on_top_of(auto_strategy(model, problem, hp, device, max_time=max_time, log=log))
+    if distributed:   # the main rank's choice, as JSON fields, for every rank
+        text = dist.broadcast_text(json.dumps(chosen.to_dict()) if chosen is not None else None)
+        chosen = Strategy.from_mapping(json.loads(text))
+    assert chosen is not None
     try:
         return chosen.validate(device)
     except StrategyError as exc:

@@ -8,7 +8,7 @@ from torch.utils.data import Dataset
 from hotloop.errors import UserError
 from hotloop.hparams import HParams
 from hotloop.problems.base import ProblemSpec
-from hotloop.train.datasets import problem_from_data
+from hotloop.problems.datasets import problem_from_data
 
 SPEC = ProblemSpec(task="seq2seq", input_vocab_size=20, target_vocab_size=20)
 HP = HParams(batch_size=4)

@@ -14,9 +14,9 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from .errors import LaunchError, WorkerFailedError
-from .group import is_distributed_env
-from .launch import launch, strip_launch_flags
+from ..parallel.errors import LaunchError, WorkerFailedError
+from ..parallel.group import is_distributed_env
+from ..parallel.launch import launch, strip_launch_flags
 
 __all__ = ["maybe_launch", "join_job", "in_worker", "worker_device", "prepare_in_rank_order", "flag_value",
            "flag_text", "restart_resume"]
@@ -72,7 +72,7 @@ def in_worker() -> bool:
 
 def join_job() -> Any:
     """Join the multi-process job; returns a :class:`ProcessGroupContext` (mode from the Strategy later)."""
-    from .context import ProcessGroupContext
+    from ..parallel.context import ProcessGroupContext
     return ProcessGroupContext.from_env()
 
 
