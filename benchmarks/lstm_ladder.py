@@ -1,11 +1,15 @@
-"""Speed ladder for the LSTM LM on PTB: plain PyTorch loop -> hotloop default.
+"""Speed ladder for the LSTM LM on PTB: plain PyTorch loop -> hotloop default, beside the expert loop.
 
 Every rung trains its own copy of the same model (same seed, same weights) on
 the same real PTB batches, in interleaved rounds inside this one process
 (warm-up rounds discarded, medians of the rest), so load from other processes
 hits every rung alike. Rungs are cumulative (each adds one change to the one
 above); ``alt:`` rows are alternative formulations measured on top of the
-previous cumulative rung but not carried forward.
+previous cumulative rung but not carried forward. The ``expert`` row is the plain loop plus
+what a competent PyTorch user writes (``benchmarks/expert_loop.py``): bf16 autocast only where
+the CPU has fast bf16, foreach clip + SGD, ``zero_grad(set_to_none=True)``, the loss read once
+per round; no hotloop formulation. The summary gives the default's ratio to it
+(``default_vs_expert``) beside its ratio to the plain loop.
 
     PYTHONPATH=. python benchmarks/lstm_ladder.py --config small --steps 120 --json /tmp/ladder.json
 
@@ -44,7 +48,9 @@ from hotloop.hparams import HParams, get_hparams
 from hotloop.ops.cpu_isa import cpu_isa
 from hotloop.registry import models, problems
 
-__all__ = ["Rung", "ladder_rungs", "run_ladder", "machine_facts", "machine_line", "main"]
+from expert_loop import expert_precision
+
+__all__ = ["Rung", "ladder_rungs", "expert_rung", "EXPERT_PREFIX", "run_ladder", "machine_facts", "machine_line", "main"]
 
 CONFIGS = {"small": "lstm_lm_small", "medium": "lstm_lm_medium", "large": "lstm_lm_large",
            "example": "lstm_lm_example"}
@@ -69,6 +75,17 @@ class Rung:
     compile: bool = False             # torch.compile the model's loss (inductor)
     strategy: Strategy | None = None  # hotloop default: build_step with this strategy
     cumulative: bool = True
+
+
+EXPERT_PREFIX = "expert "
+
+
+def expert_rung() -> Rung:
+    """The plain loop with the expert's lines (bf16 autocast only where the CPU has fast bf16,
+    foreach clip + SGD, grads set to None, no per-step ``loss.item()``), torch's default threads."""
+    precision = expert_precision("cpu")
+    return Rung(f"{EXPERT_PREFIX}({precision}, foreach clip+SGD, set_to_none, no step sync)",
+                sync_every_step=False, grads_to_none=True, foreach=True, precision=precision, cumulative=False)
 
 
 def ladder_rungs(threads: int, default_strategy: Strategy | None, with_compile: bool,
@@ -97,7 +114,7 @@ def ladder_rungs(threads: int, default_strategy: Strategy | None, with_compile: 
     r13 = replace(below_13, name="13 dropout masks from 16-bit draws (bits16)", needs_fast_bf16=False,
                   formulation={**below_13.formulation, "dropout_masks": "bits16"})
     r14 = replace(r13, name="14 clip factor folded into the SGD step", clip_via_lr=True)
-    rungs = [r0, r1, r2, r3, r4, r5, r6, r7, r8, r8h, r8u, r9, r10, r11, r13, r14]
+    rungs = [r0, expert_rung(), r1, r2, r3, r4, r5, r6, r7, r8, r8h, r8u, r9, r10, r11, r13, r14]
     if with_compile:
         rungs.append(replace(below_13, name="12 alt: torch.compile (inductor) of the loss", compile=True,
                              cumulative=False))
@@ -253,7 +270,7 @@ def hotloop_default_strategy(hp: HParams, problem: Any, mode: str, threads: int)
     """The strategy ``hotloop train`` would use: ``auto`` (tuned, timed) or a fixed one."""
     start = time.perf_counter()
     if mode == "auto":
-        from hotloop.train.plan import auto_strategy
+        from hotloop.compose.plan import auto_strategy
         torch.manual_seed(hp.seed)
         model = models.get("lstm_lm")(hp, problem.spec(hp))
         strategy = auto_strategy(model, problem, hp, "cpu", log=lambda m: print("  [auto]", m))
@@ -279,7 +296,8 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
     rungs = runnable_rungs(ladder_rungs(threads, strategy, with_compile, extra))
     if only:
         keep = [s.strip() for s in only.split(",")]
-        rungs = [r for r in rungs if r.name.split(" ")[0] in keep or r.name.startswith(("0 ", "hotloop"))]
+        rungs = [r for r in rungs
+                 if r.name.split(" ")[0] in keep or r.name.startswith(("0 ", EXPERT_PREFIX, "hotloop"))]
     runners = [RungRunner(r, hp, problem, default_threads) for r in rungs]
     per_round = max(1, steps // rounds)
     times: list[list[float]] = [[] for _ in runners]
@@ -321,12 +339,14 @@ def run_ladder(config: str, steps: int, rounds: int, warmup_rounds: int, threads
         row["speedup"] = row["tokens_per_s"] / base
     floor = summarize_floor(floors, threads)
     default_ms = rows[-1]["ms_per_step"] if rows[-1]["name"].startswith("hotloop") else None
+    expert_ms = next((r["ms_per_step"] for r in rows if r["name"].startswith(EXPERT_PREFIX)), None)
     return {"config": config, "hparams_set": CONFIGS[config], "steps_per_rung": per_round * (warmup_rounds + rounds),
             "timed_steps_per_rung": per_round * rounds, "rounds": rounds, "warmup_rounds": warmup_rounds,
             "default_threads": default_threads, "ladder_threads": threads,
             "strategy": strategy.to_dict(), "strategy_source": how, "strategy_tune_s": tune_s,
             "profile_last_rung": profile_table, "rows": rows, "best_speedup": max(r["speedup"] for r in rows),
             "default_speedup": rows[-1]["speedup"] if default_ms is not None else None,
+            "default_vs_expert": expert_ms / default_ms if default_ms is not None and expert_ms else None,
             **machine_facts(), "process_settings": apply_process_settings(), "gemm_floor_ms": floor["floor_ms"], "gemm_floor": floor,
             "floor_ratio": default_ms / floor["floor_ms"] if default_ms is not None else None}
 
@@ -382,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--extra_strategy", default="",
                         help="also time build_step with Strategy() + these overrides (e.g. intra_op_threads=1)")
     parser.add_argument("--only", default="",
-                        help="comma list of rung ids to keep, e.g. 1,2,8,9 (0 and hotloop rows always kept)")
+                        help="comma list of rung ids to keep, e.g. 1,2,8,9 (0, expert and hotloop rows always kept)")
     parser.add_argument("--profile_steps", type=int, default=0,
                         help="profile this many steps of the last rung (torch.profiler top ops)")
     parser.add_argument("--json", default="")
@@ -400,6 +420,9 @@ def main(argv: list[str] | None = None) -> None:
     if result["floor_ratio"] is not None:
         print(f"GEMM floor {result['gemm_floor_ms']:.1f} ms/step ({result['gemm_floor']['dtype']} operands); "
               f"hotloop default {result['floor_ratio']:.2f}x the floor, {result['default_speedup']:.2f}x the plain loop")
+    if result["default_vs_expert"] is not None:
+        print(f"hotloop default {result['default_speedup']:.2f}x the plain loop, "
+              f"{result['default_vs_expert']:.2f}x the expert loop (same batches, interleaved rounds)")
     if result["profile_last_rung"]:
         print("\nprofile of the last rung:\n" + result["profile_last_rung"])
     if args.json:

@@ -41,7 +41,7 @@ from ..problems.base import Batch, Problem
 from .hardware import HardwareInfo, detect_hardware
 from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
-from .proposals import Proposal, ReaderFacts, baseline_strategy, candidate_order, propose
+from .proposals import Proposal, ReaderFacts, baseline_strategy, candidate_order, propose, reduced_precision
 from .reader_trial import confirm_workers
 from .significance import compare_paired
 from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
@@ -50,7 +50,7 @@ from .tune_budget import DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
 from .tune_cache import cache_key, load_choice, save_choice
 from .tune_report import TuneReport
 
-__all__ = ["auto_strategy", "tune", "read_batches", "parity_tolerance", "DEFAULT_MAX_SECONDS",
+__all__ = ["tune", "read_batches", "parity_tolerance", "DEFAULT_MAX_SECONDS",
            "DEFAULT_BUDGET_FRACTION"]
 
 PARITY_STEPS = 3        # steps of the engine's check_parity for a winner
@@ -237,8 +237,15 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
          log: Callable[[str], None] = print, extra_proposals: Sequence[Proposal] = (),
          planned_seconds: float | None = None,
          num_batches: int = 16, warmup: int = 2, max_trial_steps: int = 10,
-         min_gain: float = 0.02, hardware: HardwareInfo | None = None) -> TuneReport:
-    """Run the autotuner and return the full report (``auto_strategy`` returns ``report.strategy``)."""
+         min_gain: float = 0.02, hardware: HardwareInfo | None = None,
+         allow_reduced_precision: bool = True) -> TuneReport:
+    """Run the autotuner and return the full report (:func:`hotloop.compose.plan.auto_strategy`,
+    the one-liner, returns ``report.strategy``).
+
+    ``allow_reduced_precision=False`` keeps every candidate at fp32 (no bf16/fp16 autocast, no TF32,
+    no bf16 GEMM formulation: :func:`hotloop.tools.proposals.reduced_precision`), the caller's
+    ``extra_proposals`` included; such a choice is cached under its own key.
+    """
     device = torch.device(device)
     apply_process_settings()      # trials must not evict each other's oneDNN primitives
     # torch.optim imports torch._dynamo on first use (about a second): the run pays it
@@ -253,6 +260,8 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         key = cache_key(model, hp, batches[0], hw, device)
         if "," in problem.name:                     # a multi-problem run is tuned for its mix of problems
             key["problem"] = problem.name
+        if not allow_reduced_precision:
+            key["precision"] = "fp32 only"
         if cache:
             hit = load_choice(key, device)
             if hit is not None:
@@ -279,8 +288,10 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         load = _load_average()
         proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(),
                             load=load, formulations=_formulation_options(model),
-                            clip_foldable=_clip_foldable(hp, device))
-        proposals = list(extra_proposals) + proposals          # the caller's own candidates first
+                            clip_foldable=_clip_foldable(hp, device),
+                            allow_reduced_precision=allow_reduced_precision)
+        extra = [p for p in extra_proposals if allow_reduced_precision or not reduced_precision(p.apply(baseline_s))]
+        proposals = extra + proposals          # the caller's own candidates first
         ordered = candidate_order([p for p in proposals if p.timed])
         pending = [Trial(p.label, p.apply(baseline_s), p.rule, compile_cost=p.compile_cost) for p in ordered]
         trials = runner.run_candidates(pending, baseline, max_trial_steps, budget,
@@ -304,6 +315,8 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
                             [baseline] + trials, pipeline, facts, reader, budget.seconds,
                             step_calls=runner.step_calls)
         report.notes.append(f"load average {load:.1f} on {hw.cores} cores while tuning")
+        if not allow_reduced_precision:
+            report.notes.append("fp32 only: no bf16/fp16, TF32 or bf16-GEMM candidate was proposed")
         report.notes.extend(reader_notes)
         if not baseline.measured:
             report.notes.append("the budget ended before eager was measured: eager kept")
@@ -317,15 +330,3 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
             report.notes.append("choice not cached: the budget ran out before every candidate was timed")
     log(report.summary())
     return report
-
-
-def auto_strategy(model: nn.Module, problem: Problem, hp: HParams, device: torch.device | str,
-                  planned_steps: int | None, *, budget_fraction: float = DEFAULT_BUDGET_FRACTION,
-                  max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
-                  log: Callable[[str], None] = print, planned_seconds: float | None = None) -> Strategy:
-    """The Strategy for ``strategy="auto"``: never slower than eager fp32 in its own measurements.
-
-    ``planned_seconds`` (the run's ``max_time``) caps the planned run the budget is a fraction of.
-    """
-    return tune(model, problem, hp, device, planned_steps, budget_fraction=budget_fraction,
-                max_seconds=max_seconds, cache=cache, log=log, planned_seconds=planned_seconds).strategy

@@ -17,7 +17,7 @@ from .hardware import HardwareInfo
 from .model_facts import ModelFacts
 
 __all__ = ["Proposal", "ReaderFacts", "propose", "formulation_proposals", "baseline_strategy", "combine", "candidate_order",
-           "SMALL_OP_FLOPS", "HEAVY_SHARE", "DATA_BOUND_RATIO"]
+           "reduced_precision", "SMALL_OP_FLOPS", "HEAVY_SHARE", "DATA_BOUND_RATIO"]
 
 SMALL_OP_FLOPS = 2e6      # mean FLOPs per aten op below which dispatch/threading overhead dominates
 HEAVY_SHARE = 0.5         # a FLOP share at or above this makes a model "matmul-" or "conv-heavy"
@@ -57,8 +57,14 @@ def baseline_strategy() -> Strategy:
                     graph_passes=False, intra_op_threads=0, executor="serial")
 
 
+def reduced_precision(strategy: Strategy) -> bool:
+    """Whether ``strategy`` computes anything below fp32: bf16/fp16 autocast, TF32 matmuls, or a
+    formulation with bf16 GEMM operands (``ce_gemm_dtype``, ``lstm_gemm_dtype``)."""
+    return strategy.precision != "fp32" or strategy.tf32 or strategy.formulation.bf16_gemms
+
+
 def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tuple[str, ...],
-                   load: float) -> list[Proposal]:
+                   load: float, allow_reduced_precision: bool = True) -> list[Proposal]:
     out: list[Proposal] = []
     share = facts.flop_share
     small_ops = facts.ops_per_step > 0 and facts.flops_per_op < SMALL_OP_FLOPS
@@ -84,13 +90,14 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
                                 f"conv-heavy ({share['conv']:.0%} of FLOPs) -> cudnn.benchmark",
                                 expected_gain=0.1))
     dense = share.get("matmul", 0.0) + share.get("conv", 0.0)
-    if dense >= HEAVY_SHARE and hw.fast_bf16:
+    if dense >= HEAVY_SHARE and hw.fast_bf16 and allow_reduced_precision:
         why = "tensor cores" if hw.device == "cuda" else "+".join(hw.cpu_bf16)
         kind = "matmul" if share.get("matmul", 0.0) >= share.get("conv", 0.0) else "conv"
         out.append(Proposal("bf16", {"precision": "bf16"},
                             f"{kind}-heavy ({dense:.0%} of FLOPs in matmul/conv) on fast-bf16 hardware "
                             f"({why}) -> precision=bf16", expected_gain=0.3, tags=("lossy",)))
-    if hw.device == "cuda" and hw.cuda_capability >= (8, 0) and share.get("matmul", 0.0) >= HEAVY_SHARE:
+    if (hw.device == "cuda" and hw.cuda_capability >= (8, 0) and share.get("matmul", 0.0) >= HEAVY_SHARE
+            and allow_reduced_precision):
         out.append(Proposal("tf32", {"tf32": True}, "fp32 matmuls on Ampere+ -> TF32 tensor cores",
                             expected_gain=0.2, tags=("lossy",)))
     if facts.ops_per_step >= COMPILE_OPS and small_ops:
@@ -103,7 +110,7 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
 
 
 def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
-                          clip_foldable: bool = False) -> list[Proposal]:
+                          clip_foldable: bool = False, allow_reduced_precision: bool = True) -> list[Proposal]:
     """The model's formulation options that fit this hardware, and the clip folded into a
     plain-SGD learning rate when ``clip_foldable``.
 
@@ -111,9 +118,11 @@ def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
     (``hw.fast_bf16``); an option whose changes another proposed option contains is left
     out (the larger one's leave-one-out candidate times the difference); an option that
     changes the random stream is never proposed, since no trajectory comparison can
-    confirm it (the user sets it explicitly).
+    confirm it (the user sets it explicitly). ``allow_reduced_precision=False`` leaves out the
+    bf16 options before that, so their fp32 subsets stay proposed.
     """
-    fitting = [o for o in options if o.rounding != "random_stream" and (hw.fast_bf16 or not o.needs_fast_bf16)]
+    fitting = [o for o in options if o.rounding != "random_stream" and (hw.fast_bf16 or not o.needs_fast_bf16)
+               and (allow_reduced_precision or o.rounding != "bf16")]
     kept = [o for o in fitting if not any(
         other is not o and other.changes.items() > o.changes.items() for other in fitting)]
     out = [Proposal(o.label, dict(o.changes), f"formulation: {o.why}", expected_gain=o.expected_gain,
@@ -145,17 +154,20 @@ def _data_rules(reader: ReaderFacts | None, hw: HardwareInfo, base: Strategy) ->
 def propose(facts: ModelFacts, hw: HardwareInfo, reader: ReaderFacts | None = None, *,
             base: Strategy | None = None, available_backends: tuple[str, ...] = (),
             load: float = 0.0, formulations: list[FormulationOption] | None = None,
-            clip_foldable: bool = False) -> list[Proposal]:
+            clip_foldable: bool = False, allow_reduced_precision: bool = True) -> list[Proposal]:
     """All proposals for this model/hardware/reader, best expected gain first (timed ones first).
 
     ``load``: the 1-minute load average (``os.getloadavg()[0]``, this process included);
     other work on the cores makes fewer intra-op threads worth timing. ``formulations``:
     the model's formulation options (:func:`formulation_proposals`).
+    ``allow_reduced_precision=False``: nothing below fp32 (:func:`reduced_precision`) is proposed.
     """
     base = base or baseline_strategy()
-    proposals = (_compute_rules(facts, hw, available_backends, load)
-                 + formulation_proposals(list(formulations or []), hw, clip_foldable)
+    proposals = (_compute_rules(facts, hw, available_backends, load, allow_reduced_precision)
+                 + formulation_proposals(list(formulations or []), hw, clip_foldable, allow_reduced_precision)
                  + _data_rules(reader, hw, base))
+    if not allow_reduced_precision:     # whatever a rule proposes, the constraint holds
+        proposals = [p for p in proposals if not reduced_precision(p.apply(base))]
     return sorted(proposals, key=lambda p: (not p.timed, -p.expected_gain))
 
 
