@@ -10,7 +10,10 @@ Position for checkpoints: ``{"epoch_start": reader state at epoch start,
 "consumed": batches taken, "reader": exact state}``; the exact state is the
 prefetcher's consumed position (batches produced ahead are not counted) or
 the reader's own. A source without ``state_dict`` is resumed by replaying
-the epoch from its start and skipping ``consumed`` batches.
+the epoch from its start and skipping ``consumed`` batches. ``state_dict()`` is that
+position as tensors and plain data (None before the first batch of an epoch);
+``load_state_dict(state)`` keeps it as :attr:`DataFeeder.resume_position`, for the
+caller to hand to ``start_epoch`` (which clears it).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from torch import Tensor
 from ..data.prefetch import prefetch as prefetch_reader
 from ..data.speedtest import speed_test as speed_test_reader
 from ..problems.base import Batch
+from .checkpoint import decode_plain, encode_plain
 
 __all__ = ["DataFeeder", "to_device"]
 
@@ -59,6 +63,7 @@ class DataFeeder:
         self._epoch_start: Any = None
         self._it: Iterator[Batch] | None = None
         self._source: Any = None
+        self.resume_position: dict[str, Any] | None = None   # set by load_state_dict
 
     @staticmethod
     def _speed_test(reader: Any, capacity: int, device: torch.device) -> Any:
@@ -77,6 +82,7 @@ class DataFeeder:
     def start_epoch(self, epoch: int, position: dict[str, Any] | None = None) -> None:
         """Begin ``epoch``, or continue it from a checkpointed ``position``."""
         self._close_iterator()
+        self.resume_position = None
         source = self._get_source()
         skip = 0
         if position is None:
@@ -117,6 +123,14 @@ class DataFeeder:
         if hasattr(source, "state_dict"):
             pos["reader"] = source.state_dict()
         return pos
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The position (tensors and plain data), or None when no batch of the epoch was taken."""
+        return encode_plain(self.position()) if self.consumed else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Keep a saved position as :attr:`resume_position` (None: the epoch starts afresh)."""
+        self.resume_position = decode_plain(state)
 
     def finish_epoch(self) -> None:
         """Mark the epoch complete (its position is no longer needed)."""

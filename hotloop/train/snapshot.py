@@ -1,62 +1,49 @@
-"""The complete training state as checkpoint contents, and its exact restoration.
+"""A checkpoint as the states of named components, saved and restored by one loop each.
 
-``meta`` (JSON): step, epoch, hparams, strategy, schedule and callback state,
-python RNG, GradScaler state, run info. ``tensors`` (tensors / plain data):
-model and optimizer state, torch/CUDA/numpy RNG, reader position, carried
-model state.
+A run hands over a mapping ``{name: component}`` (each with ``state_dict`` /
+``load_state_dict``, :class:`hotloop.train.stateful.Stateful`) and a description of
+the run (step, epoch, hparams, strategy, run info, validation loss). The checkpoint
+file keeps the split of :mod:`hotloop.train.checkpoint`: ``meta`` is JSON (the
+description, ``format_version``, and the components whose state is JSON data:
+:data:`META_COMPONENTS`), every other component's state is stored as tensors and
+plain data under its name; loading never unpickles objects.
+
+``meta["format_version"]`` names the layout (:data:`STATE_FORMAT_VERSION`). Version 1
+(no ``format_version``) kept the loop's counters, metrics and Python RNG state in
+``meta`` and the carried model state under ``"state"``; it is read by
+:func:`_states_v1`. A checkpoint of another version is refused in one line.
 """
 from __future__ import annotations
 
-import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-import torch
+from typing import Any, Callable, Mapping
 
 from ..class_lookup import resolve_hparams_class
-from ..hparams import HParamsError, hparams_to_dict
-from .checkpoint import CheckpointError, decode_plain, encode_plain, load_checkpoint
-from .feeding import to_device
+from ..hparams import HParams, HParamsError, hparams_to_dict
+from .checkpoint import CheckpointError, load_checkpoint
+from .stateful import Stateful, StateMismatch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import Trainer
+__all__ = ["checkpoint_contents", "restore_components", "hparams_differences",
+           "STATE_FORMAT_VERSION", "READABLE_VERSIONS", "META_COMPONENTS"]
 
-__all__ = ["training_state", "restore_training_state", "seed_everything", "hparams_differences"]
-
-_RUN_LIMITS = ("max_steps", "max_epochs")  # may change on resume without a notice
-_GROUP_EXECUTION_KEYS = ("foreach", "fused", "capturable", "differentiable")
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (CPU and CUDA) RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+STATE_FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+#: components whose state is JSON data, kept readable in ``meta``
+META_COMPONENTS = frozenset({"schedule", "callbacks", "precision"})
+_DESCRIPTION = ("step", "epoch", "hparams")   # every checkpoint's meta has these
+_RUN_LIMITS = ("max_steps", "max_epochs")     # may change on resume without a notice
 
 
-def training_state(trainer: "Trainer", valid_loss: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(meta, tensors)`` for :func:`hotloop.train.checkpoint.save_checkpoint`."""
-    version, internal, gauss = random.getstate()
-    meta = {
-        "step": trainer.step, "epoch": trainer.epoch,
-        "hparams": hparams_to_dict(trainer.hp), "strategy": trainer.strategy.to_dict(),
-        "schedule": trainer.schedule.state_dict(), "callbacks": trainer.callbacks.state_dict(),
-        "python_rng": [version, list(internal), gauss],
-        "precision": trainer.precision.state_dict(),
-        "run": trainer.run_info, "valid_loss": valid_loss, "metrics": trainer.last_metrics,
-        "torch": torch.__version__, "evaluated": trainer._last_eval_step == trainer.step,
-    }
-    rng: dict[str, Any] = {"torch": torch.get_rng_state(),
-                           "numpy": encode_plain(list(np.random.get_state()))}
-    if torch.cuda.is_available() and trainer.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    position = trainer.feeder.position() if trainer.feeder.consumed else None
-    tensors = {
-        "model": trainer.model.state_dict(),
-        "optimizer": trainer.dist.consolidate_optimizer_state(trainer.optimizer),
-        "rng": rng, "reader": encode_plain(position), "state": trainer.state,
-    }
+def checkpoint_contents(components: Mapping[str, Stateful], description: Mapping[str, Any]
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(meta, tensors)`` for :meth:`CheckpointManager.save`: every component's state under its name.
+
+    Every rank calls this (a component may gather across ranks); only one writes the result.
+    """
+    meta: dict[str, Any] = {**description, "format_version": STATE_FORMAT_VERSION}
+    tensors: dict[str, Any] = {}
+    for name, component in components.items():
+        (meta if name in META_COMPONENTS else tensors)[name] = component.state_dict()
     return meta, tensors
 
 
@@ -72,63 +59,72 @@ def hparams_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[
     return out
 
 
-def _check_hparams_class(saved: Any, trainer: "Trainer", path: Path) -> None:
+def _check_hparams_class(saved: Any, hp: HParams, path: Path) -> None:
     """The saved hparams name a class hotloop knows (resolved without importing what they name)."""
     if not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {path} has hparams that are not a mapping")
     qual = saved.get("__class__")
-    if qual and qual != hparams_to_dict(trainer.hp)["__class__"]:
+    if qual and qual != hparams_to_dict(hp)["__class__"]:
         try:
             resolve_hparams_class(qual)
         except HParamsError as exc:
             raise CheckpointError(f"checkpoint {path}: {exc}") from None
 
 
-def _require(payload: dict[str, Any], path: Path, *keys: str) -> None:
-    for key in keys:
-        if key not in payload:
-            raise CheckpointError(f"checkpoint {path} is incomplete: no {key!r} entry")
-
-
-def restore_training_state(trainer: "Trainer", path: Path) -> tuple[dict[str, Any] | None, list[str]]:
-    """Load ``path`` into ``trainer``; returns (reader position or None, changed hparams)."""
-    payload = load_checkpoint(path, map_location="cpu", notify=trainer.notify)
-    _require(payload, path, "model", "optimizer", "rng", "reader", "state")
+def _states_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """The component states of a version-1 checkpoint (counters and Python RNG state in meta)."""
     meta = payload["meta"]
-    for key in ("step", "epoch", "hparams", "schedule", "callbacks", "python_rng"):
+    return {
+        "model": payload["model"], "optimizer": payload["optimizer"],
+        "schedule": meta["schedule"], "callbacks": meta["callbacks"],
+        # before the Precision object the scaler's state was kept as "grad_scaler"
+        "precision": meta.get("precision") or {"scaler": meta.get("grad_scaler")},
+        "reader": payload["reader"],
+        "train_state": {"step": meta["step"], "epoch": meta["epoch"], "carried": payload["state"],
+                        "metrics": meta.get("metrics") or {}, "evaluated": bool(meta.get("evaluated"))},
+        "rng": {**payload["rng"], "python": meta["python_rng"]},
+    }
+
+
+def _component_states(payload: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Every stored component state by name, whatever the checkpoint's format version."""
+    meta = payload["meta"]
+    version = meta.get("format_version", 1)
+    if version not in READABLE_VERSIONS:
+        raise CheckpointError(f"checkpoint {path} has training-state format version {version!r}; this "
+                              f"hotloop reads versions {', '.join(map(str, READABLE_VERSIONS))}")
+    for key in _DESCRIPTION:
         if key not in meta:
             raise CheckpointError(f"checkpoint {path} is incomplete: no {key!r} in its metadata")
-    _check_hparams_class(meta["hparams"], trainer, path)
-    try:
-        trainer.model.load_state_dict(payload["model"])
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()
-        detail = " ".join(line.strip() for line in first[:3])[:300]
-        raise CheckpointError(f"checkpoint {path} does not fit this model: {detail}") from None
-    execution = [{k: g[k] for k in _GROUP_EXECUTION_KEYS if k in g} for g in trainer.optimizer.param_groups]
-    try:
-        trainer.optimizer.load_state_dict(payload["optimizer"])
-    except (ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"checkpoint {path} has optimizer state that does not fit: {exc}") from None
-    for group, keys in zip(trainer.optimizer.param_groups, execution):
-        group.update(keys)  # keep this run's kernel choice (strategy.fused_optimizer)
-    try:
-        trainer.schedule.load_state_dict(meta["schedule"])
-        trainer.callbacks.load_state_dict(meta["callbacks"])
-        # checkpoints before the Precision object kept the scaler's state as "grad_scaler"
-        trainer.precision.load_state_dict(meta.get("precision") or {"scaler": meta.get("grad_scaler")})
-        version, internal, gauss = meta["python_rng"]
-        random.setstate((version, tuple(internal), gauss))
-        np.random.set_state(tuple(decode_plain(payload["rng"]["numpy"])))
-        torch.set_rng_state(payload["rng"]["torch"])
-        if "cuda" in payload["rng"] and torch.cuda.is_available() and trainer.device.type == "cuda":
-            torch.cuda.set_rng_state_all(payload["rng"]["cuda"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"checkpoint {path} has unusable training state: {exc}") from None
-    trainer.step, trainer.epoch = int(meta["step"]), int(meta["epoch"])
-    if meta.get("evaluated"):   # evaluated at this step already: do not evaluate it again
-        trainer._last_eval_step = trainer.step
-    trainer.last_metrics = dict(meta.get("metrics") or {})
-    trainer.state = to_device(payload["state"], trainer.device)
-    position = decode_plain(payload["reader"])
-    return position, hparams_differences(meta["hparams"], hparams_to_dict(trainer.hp))
+    if version == 1:
+        try:
+            return _states_v1(payload)
+        except KeyError as exc:
+            raise CheckpointError(f"checkpoint {path} is incomplete: no {exc.args[0]!r} entry") from None
+    reserved = {"format", "version", "meta"}
+    return {**{k: v for k, v in payload.items() if k not in reserved},
+            **{k: meta[k] for k in META_COMPONENTS if k in meta}}
+
+
+def restore_components(path: Path, components: Mapping[str, Stateful], hp: HParams,
+                       notify: Callable[[str], None] | None = None) -> list[str]:
+    """Load ``path`` into ``components`` (in their order); returns the changed hparams.
+
+    Raises :class:`CheckpointError` naming the file for an unreadable, incomplete, unknown-version
+    or unfitting checkpoint; nothing is loaded when the checkpoint lacks a component's state.
+    """
+    payload = load_checkpoint(path, map_location="cpu", notify=notify)
+    states = _component_states(payload, path)
+    meta = payload["meta"]
+    _check_hparams_class(meta["hparams"], hp, path)
+    for name in components:
+        if name not in states:
+            raise CheckpointError(f"checkpoint {path} is incomplete: no {name!r} entry")
+    for name, component in components.items():
+        try:
+            component.load_state_dict(states[name])
+        except StateMismatch as exc:
+            raise CheckpointError(f"checkpoint {path} {exc}") from None
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"checkpoint {path} has unusable {name} state: {exc}") from None
+    return hparams_differences(meta["hparams"], hparams_to_dict(hp))

@@ -6,7 +6,6 @@ device and read every ``strategy.sync_every`` steps (the log cadence). See
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,15 +14,13 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..engine import Strategy, build_step
-from ..engine.flags import apply_device_flags
+from ..engine import Strategy
 from ..engine.process_settings import apply_process_settings
 from ..engine.step_parts import LossFn
-from ..errors import UserError
-from ..hparams import HParams
+from ..hparams import HParams, hparams_to_dict
 from ..optim import build_schedule
-from ..problems.base import Problem, open_reader
-from .checkpoint import CheckpointError, CheckpointManager
+from ..problems.base import Problem
+from .checkpoint import CheckpointError
 from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, Event
 from .evaluation import evaluate_reader
@@ -32,17 +29,17 @@ from .interrupt import Interrupted, StopSignalGuard
 from .loggers import default_loggers
 from .nonfinite import NonFiniteGuard
 from .runfiles import write_run_files
-from .snapshot import restore_training_state, training_state
+from .setup import (TrainerError, build_training_step, checkpoint_manager, concrete_strategy, open_train_reader,
+                    place_model, run_hparams, steps_per_epoch)
+from .snapshot import checkpoint_contents, restore_components
+from .stateful import GlobalRNG, ModelState, OptimizerState, Stateful, seed_everything
 from .stopping import StopControl
+from .train_state import TrainState, TrainStateField
 from .window import LogWindow
 
 __all__ = ["Trainer", "TrainerError", "FitResult"]
 
 DATA_BOUND_FRACTION = 0.3
-
-
-class TrainerError(UserError, ValueError):
-    """A Trainer configuration that cannot run (e.g. no stopping criterion)."""
 
 
 @dataclass
@@ -67,8 +64,10 @@ class Trainer:
     every ``checkpoint_every`` steps, at the end and on a stop signal (when
     ``output_dir`` is set). ``strategy`` is a concrete :class:`Strategy`
     (default ``Strategy()``); to tune one first, call
-    :func:`hotloop.train.plan.auto_strategy`. ``on_nonfinite`` is ``"stop"`` or
-    ``"skip"`` (:mod:`hotloop.train.nonfinite`).
+    :func:`hotloop.compose.plan.auto_strategy`; ``strategy.sync_every`` is the log
+    cadence. ``on_nonfinite`` is ``"stop"`` or ``"skip"`` (:mod:`hotloop.train.nonfinite`).
+    The parts are built by :mod:`hotloop.train.setup`; a checkpoint holds the states of
+    :meth:`components`.
     """
 
     def __init__(self, problem: Problem, model: nn.Module, hp: HParams, *,
@@ -76,22 +75,15 @@ class Trainer:
                  output_dir: str | Path | None = None, max_steps: int | None = None,
                  max_epochs: int | None = None, max_time: float | None = None,
                  eval_every: int = 0, eval_splits: Sequence[str] | None = None,
-                 eval_batches: int = 0, log_every: int | None = None,
-                 checkpoint_every: int = 0, keep_last: int = 3,
+                 eval_batches: int = 0, checkpoint_every: int = 0, keep_last: int = 3,
                  callbacks: Sequence[Callback] = (), loggers: Sequence[Callback] | None = None,
                  dist: DistContext | None = None, loss_fn: LossFn | None = None,
                  train_reader: Any = None, eval_readers: dict[str, Any] | None = None,
                  run_info: dict[str, Any] | None = None, on_nonfinite: str = "stop") -> None:
-        overrides = {k: v for k, v in (("max_steps", max_steps), ("max_epochs", max_epochs))
-                     if v is not None}
-        self.hp = hp.replace(**overrides) if overrides else hp
-        if not (self.hp.max_steps or self.hp.max_epochs or max_time):
-            raise TrainerError("training has no end: set max_steps, max_epochs or max_time")
-        if self.hp.accum_steps < 1:
-            raise TrainerError(f"accum_steps must be >= 1, got {self.hp.accum_steps}")
-        self.problem = problem
-        self.spec = problem.spec(self.hp)
+        self.hp = run_hparams(hp, max_steps, max_epochs, max_time)
+        self.problem, self.spec = problem, problem.spec(self.hp)
         self.device = torch.device(device)
+        self.train_state = TrainState(self.device)
         self.dist: DistContext = dist if dist is not None else LocalContext()
         self.output_dir = Path(output_dir) if output_dir is not None else None
         splits = problem.eval_splits if eval_splits is None else eval_splits
@@ -102,59 +94,37 @@ class Trainer:
         main_loggers = default_loggers(self.output_dir) if loggers is None else list(loggers)
         self.callbacks = CallbackList(list(callbacks) + (main_loggers if self.dist.is_main else []))
 
-        if strategy is not None and not isinstance(strategy, Strategy):
-            raise TrainerError(f"strategy must be a Strategy, got {type(strategy).__name__}; "
-                               "tune one first with hotloop.train.plan.auto_strategy(...)")
-        self.strategy = strategy if strategy is not None else Strategy()
-        if log_every is not None:
-            self.strategy = self.strategy.replace(sync_every=log_every)
-        self.strategy.validate(self.device)
-        self._check_parallel_mode()
-        self.log_every = self.strategy.sync_every
-
-        if train_reader is None:  # streamed LM data is contiguous: let the problem decide (no shuffle)
-            train_reader = open_reader(problem, "train", self.hp, workers=self.strategy.num_workers,
-                                       shuffle=None if self.spec.streamed else True)
-        self.train_reader = self.dist.shard_reader(train_reader)
-        self._eval_readers: dict[str, tuple[Any, Any]] = {}
-        for split, r in (eval_readers or {}).items():
-            self._eval_readers[split] = (r, r.state_dict())
-        self.steps_per_epoch = self._steps_per_epoch()
-
-        self.model = model.to(self.device)
-        for note in apply_device_flags(self.strategy, self.device).notes:
-            self.notify(f"strategy: {note}")
-        built = build_step(self.model, self.hp, self.strategy, loss_fn=loss_fn,
-                           wrap=self.dist.wrap)
-        self.optimizer, self.train_model, self.precision = built.optimizer, built.model, built.precision
-        self.step_fn = built.step
-        for note in self.step_fn.notices:
-            self.notify(f"strategy: {note}")
+        self.strategy = concrete_strategy(strategy, self.device, self.dist)
+        self.train_reader = open_train_reader(problem, self.hp, self.spec, self.strategy, self.dist,
+                                              train_reader)
+        self._eval_readers: dict[str, tuple[Any, Any]] = {
+            split: (r, r.state_dict()) for split, r in (eval_readers or {}).items()}
+        self.steps_per_epoch = steps_per_epoch(self.train_reader, self.hp.accum_steps)
+        self.model, notices = place_model(model, self.strategy, self.device)
+        built, step_notices = build_training_step(self.model, self.hp, self.strategy, self.dist, loss_fn)
+        self.optimizer, self.precision, self.step_fn = built.optimizer, built.precision, built.step
+        for note in notices + step_notices:
+            self.notify(note)
         self.nonfinite = NonFiniteGuard(on_nonfinite, self.optimizer, self.device)
         self.schedule = build_schedule(self.hp, self.steps_per_epoch)
-        if self.step_fn.fallback_reason:
-            self.notify(f"strategy backend={self.strategy.backend} fell back to eager: "
-                        f"{self.step_fn.fallback_reason}")
         self.feeder = DataFeeder(self.train_reader, self.device, self.strategy.prefetch,
                                  speed_test=self.strategy.speed_test)
-        self.checkpoints = (CheckpointManager(self.output_dir / "checkpoints", keep_last,
-                                              writer=self.dist.is_main)
-                            if self.output_dir is not None else None)
+        self.checkpoints = checkpoint_manager(self.output_dir, keep_last, self.dist)
 
-        self.step = 0          # optimizer steps taken
-        self.epoch = 0         # current epoch (= completed epochs)
-        self.state: Any = None  # carried model state (streamed LM problems)
         self.lr = self.hp.learning_rate
-        self.last_metrics: dict[str, dict[str, float]] = {}
         self.last_checkpoint: Path | None = None
         self.stopper = StopControl(self.dist, max_time)
         self._in_step = False
-        self._last_eval_step = -1
         self._last_ckpt_step = -1
         self._warned_data_bound = False
         self._window = LogWindow()
 
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ state
+    step = TrainStateField("step")              # optimizer steps taken
+    epoch = TrainStateField("epoch")            # current epoch (= completed epochs)
+    state = TrainStateField("carried")          # carried model state (streamed LM problems), else None
+    last_metrics = TrainStateField("metrics")   # split -> the metrics of its last evaluation
+
     @property
     def max_steps(self) -> int:
         return self.hp.max_steps
@@ -178,20 +148,11 @@ class Trainer:
         """Stop after the current step (callbacks call this)."""
         self.stopper.request(reason)
 
-    def _steps_per_epoch(self) -> int | None:
-        try:
-            batches = len(self.train_reader)
-        except TypeError:
-            return None
-        return max(1, math.ceil(batches / max(1, self.hp.accum_steps)))
-
-    def _check_parallel_mode(self) -> None:
-        """The data-parallel context must run the Strategy's mode (one source of truth)."""
-        mode = getattr(self.dist, "mode", None)
-        wanted = self.strategy.data_parallel
-        if mode is not None and wanted != "none" and wanted != mode:
-            raise TrainerError(f"strategy data_parallel={wanted!r} but the process-group context runs "
-                               f"{mode!r}; build it with ProcessGroupContext.for_strategy(strategy)")
+    def components(self) -> dict[str, Stateful]:
+        """What a checkpoint holds, by name: each saves and restores its own state (in this order)."""
+        return {"model": ModelState(self.model), "optimizer": OptimizerState(self.optimizer, self.dist),
+                "schedule": self.schedule, "callbacks": self.callbacks, "precision": self.precision,
+                "reader": self.feeder, "train_state": self.train_state, "rng": GlobalRNG(self.device)}
 
     # -------------------------------------------------------------- training
     def fit(self, resume: bool | str | Path = False) -> FitResult:
@@ -202,7 +163,6 @@ class Trainer:
         path = self._resume_path(resume) if resume else None
         position = self.load_checkpoint(path) if path is not None else None
         if path is None:
-            from .snapshot import seed_everything
             seed_everything(self.hp.seed)
         if self.output_dir is not None and self.dist.is_main:
             write_run_files(self.output_dir, self.hp, self.run_info, self.strategy, self.device)
@@ -266,7 +226,7 @@ class Trainer:
     def _stop_reason(self, epoch_boundary: bool = False) -> str | None:
         return self.stopper.reason(step=self.step, epoch=self.epoch, max_steps=self.hp.max_steps,
                                    max_epochs=self.hp.max_epochs, epoch_boundary=epoch_boundary,
-                                   sync_point=self.step % self.log_every == 0)
+                                   sync_point=self.step % self.strategy.sync_every == 0)
 
     def _train_step(self, batches: list) -> None:
         self._in_step = True
@@ -283,7 +243,7 @@ class Trainer:
 
     def _after_step(self) -> None:
         self.callbacks.emit(Event.STEP_END, self, step=self.step)
-        if self.step % self.log_every == 0:
+        if self.step % self.strategy.sync_every == 0:
             self._log()
         evaluated = bool(self.eval_every) and self.step % self.eval_every == 0
         if evaluated:
@@ -294,7 +254,7 @@ class Trainer:
     def _end_epoch(self) -> None:
         self.feeder.finish_epoch()
         self.epoch += 1
-        if self._last_eval_step != self.step:
+        if not self.train_state.evaluated:
             self._evaluate_all()
         if self._last_ckpt_step != self.step:
             self.save_checkpoint()
@@ -302,7 +262,7 @@ class Trainer:
     def _finish(self, reason: str) -> None:
         if self._window.steps:
             self._log()
-        if not reason.startswith("stopped") and self._last_eval_step != self.step:
+        if not reason.startswith("stopped") and not self.train_state.evaluated:
             self._evaluate_all()
         if self._last_ckpt_step != self.step:
             self.save_checkpoint()
@@ -356,7 +316,7 @@ class Trainer:
             if i == 0 and "loss" in metrics:
                 self.schedule.on_eval(metrics["loss"])
             self.callbacks.emit(Event.EVAL_END, self, split=split, metrics=metrics)
-        self._last_eval_step = self.step
+        self.train_state.last_eval_step = self.step
         self._window.exclude(time.perf_counter() - start)   # training speed rows count training only
 
     # ----------------------------------------------------------- checkpoints
@@ -364,9 +324,12 @@ class Trainer:
         """Write a checkpoint of the complete training state (main rank; all ranks must call)."""
         if self.checkpoints is None:
             return None
-        at_eval = self._last_eval_step == self.step and self.eval_splits
+        at_eval = self.train_state.evaluated and self.eval_splits
         valid_loss = self.last_metrics.get(self.eval_splits[0], {}).get("loss") if at_eval else None
-        meta, tensors = training_state(self, valid_loss)
+        description = {"step": self.step, "epoch": self.epoch, "hparams": hparams_to_dict(self.hp),
+                       "strategy": self.strategy.to_dict(), "run": self.run_info, "valid_loss": valid_loss,
+                       "torch": torch.__version__}
+        meta, tensors = checkpoint_contents(self.components(), description)
         path = None
         if self.dist.is_main:
             path = self.checkpoints.save(self.step, meta, tensors, valid_loss=valid_loss)
@@ -388,8 +351,9 @@ class Trainer:
         return path
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any] | None:
-        """Restore the full training state from ``path``; returns the reader position."""
-        position, differences = restore_training_state(self, Path(path))
+        """Restore every component from ``path``; returns the reader position to continue the epoch from."""
+        differences = restore_components(Path(path), self.components(), self.hp, self.notify)
+        position = self.feeder.resume_position
         self._last_ckpt_step = self.step
         self.last_checkpoint = Path(path)
         if differences:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hotloop.builtin import declare_builtins
+from hotloop.engine import Strategy
 from hotloop.registry import hparams_sets, models, problems
 from hotloop.train.build import build_run
 from hotloop.train.trainer import Trainer
@@ -44,7 +45,8 @@ def test_pair_trains_and_evaluates(problem, model, overrides, tmp_path):
     if problem == "bert_pretrain_ptb" and not (RAW_PTB / "ptb.train.txt").is_file():
         pytest.skip(f"PTB not at {RAW_PTB}")
     run = build_run(problem, model, None, overrides, data_dir=tmp_path / "data", raw_dir=RAW_PTB)
-    trainer = Trainer(run.problem, run.model, run.hp, max_steps=3, log_every=1, loggers=[])
+    trainer = Trainer(run.problem, run.model, run.hp, max_steps=3, strategy=Strategy(sync_every=1),
+                      loggers=[])
     trainer.fit()
     metrics = trainer.evaluate("valid", max_batches=2)
     assert metrics["loss"] > 0 and 0 <= metrics["accuracy"] <= 1 and metrics["examples"] > 0

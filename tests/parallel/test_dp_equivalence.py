@@ -281,4 +281,5 @@ def test_trainer_streamed_lm_two_ranks_match_one_process(runs: dict, mode: str) 
     got = final_checkpoint(runs["dir"] / f"lstm-{mode}")
     ref = final_checkpoint(runs["dir"] / "lstm-single")
     assert_same_model(got, ref)
-    assert got["state"][0].shape[1] == ref["state"][0].shape[1] // 2   # rank 0's rows of [L, B, H]
+    got_state, ref_state = got["train_state"]["carried"], ref["train_state"]["carried"]
+    assert got_state[0].shape[1] == ref_state[0].shape[1] // 2   # rank 0's rows of [L, B, H]

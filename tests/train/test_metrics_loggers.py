@@ -8,6 +8,7 @@ import math
 import torch
 
 from helpers import make_trainer
+from hotloop.engine import Strategy
 from hotloop.train.loggers import ConsoleLogger, JsonlLogger, ProgressBar
 from hotloop.train.metrics import StatsAccumulator, summarize
 
@@ -43,7 +44,7 @@ class _Stream(io.StringIO):
 
 def test_console_lines_and_progress_bar_only_on_tty(tmp_path):
     plain, tty = _Stream(False), _Stream(True)
-    make_trainer(None, max_steps=4, log_every=2,
+    make_trainer(None, max_steps=4, strategy=Strategy(prefetch=0, sync_every=2),
                  loggers=[ConsoleLogger(plain), ProgressBar(plain), ProgressBar(tty)]).fit()
     lines = plain.getvalue().splitlines()
     assert [ln.split()[1] for ln in lines if ln.startswith("train")] == ["step=2", "step=4"]
@@ -82,7 +83,8 @@ def test_tensorboard_logger_writes_scalars_when_available(monkeypatch, tmp_path)
     fake.SummaryWriter = FakeWriter
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
     from hotloop.train.loggers import TensorBoardLogger
-    make_trainer(None, max_steps=2, log_every=2, loggers=[TensorBoardLogger(tmp_path / "tb")]).fit()
+    make_trainer(None, max_steps=2, strategy=Strategy(prefetch=0, sync_every=2),
+                 loggers=[TensorBoardLogger(tmp_path / "tb")]).fit()
     tags = {t for t, _, _ in written}
     assert {"train/loss", "train/lr", "valid/loss", "valid/seq_accuracy", "closed"} <= tags
     assert all(step == 2 for t, _, step in written if t != "closed")
@@ -98,7 +100,8 @@ def test_evaluation_time_is_left_out_of_the_next_rows_speed(tmp_path):
             if event is Event.EVAL_END:
                 clock.sleep(1.5)          # far longer than the 4 tiny steps of a window
 
-    trainer = make_trainer(tmp_path, max_steps=12, eval_every=4, log_every=4, callbacks=[SlowEval()])
+    trainer = make_trainer(tmp_path, max_steps=12, eval_every=4, strategy=Strategy(prefetch=0, sync_every=4),
+                           callbacks=[SlowEval()])
     trainer.fit()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     speed = {r["step"]: r["tokens_per_s"] for r in rows if r["split"] == "train"}

@@ -46,7 +46,7 @@ def test_no_stopping_criterion_is_rejected():
 
 
 def test_log_rows_every_sync_every_steps_and_one_host_sync_each(out):
-    trainer = make_trainer(out, max_steps=9, log_every=3)
+    trainer = make_trainer(out, max_steps=9, strategy=Strategy(prefetch=0, sync_every=3))
     trainer.fit()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
@@ -116,7 +116,8 @@ class Recorder(Callback):
 
 def test_callbacks_fire_and_their_state_is_checkpointed(out):
     rec = Recorder()
-    result = make_trainer(out, max_steps=0, max_epochs=1, eval_every=4, log_every=4, callbacks=[rec]).fit()
+    result = make_trainer(out, max_steps=0, max_epochs=1, eval_every=4, strategy=Strategy(prefetch=0, sync_every=4),
+                          callbacks=[rec]).fit()
     ev = rec.events
     assert ev[0] is Event.FIT_START and ev[-1] is Event.FIT_END
     assert ev.count(Event.EPOCH_START) == 1 and ev.count(Event.STEP_END) == 8
@@ -166,7 +167,7 @@ def _ctrl_c_body(out):
 
 
 def test_data_bound_run_warns_once(out):
-    trainer = make_trainer(None, max_steps=16, log_every=4, eval_splits=())
+    trainer = make_trainer(None, max_steps=16, strategy=Strategy(prefetch=0, sync_every=4), eval_splits=())
     ticks = iter(range(0, 10**9, 3600))  # every next() appears to wait an hour: data-bound
     trainer.feeder.clock = lambda: float(next(ticks))
     trainer.fit()
@@ -175,7 +176,7 @@ def test_data_bound_run_warns_once(out):
 
 
 def test_compute_bound_run_does_not_warn(out):
-    trainer = make_trainer(None, max_steps=8, log_every=4, eval_splits=())
+    trainer = make_trainer(None, max_steps=8, strategy=Strategy(prefetch=0, sync_every=4), eval_splits=())
     trainer.feeder.clock = lambda: 0.0  # data never waits
     trainer.fit()
     assert not [n for n in trainer.notices if "waiting for data" in n]
