@@ -3,7 +3,7 @@
 Every model maps a batch (and an optional carried state) to logits and
 implements :meth:`SequenceModel.loss`, which returns the scalar to
 backpropagate plus *un-synchronised* statistics (tensors) that the trainer
-sums and reads only every ``log_every`` steps.
+sums and reads only every ``Strategy.sync_every`` steps.
 """
 from __future__ import annotations
 
