@@ -116,7 +116,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              '_check_hparams_class(meta["hparams"], hp, path)', "pass",
              ("tests/core/test_no_import_from_data.py::test_resume_refuses_a_planted_checkpoint",),
              "--resume accepts a checkpoint naming an unknown hparams class"),
-    Mutation("config_adds_imports", "hotloop/train/config.py",
+    Mutation("config_adds_imports", "hotloop/compose/config.py",
              "_check_imports(path, value)", "pass",
              ("tests/core/test_no_import_from_data.py::test_config_file_cannot_add_imports",),
              "a config file's `imports` imports modules the command line did not"),

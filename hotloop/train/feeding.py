@@ -21,25 +21,14 @@ import time
 from typing import Any, Callable, Iterator
 
 import torch
-from torch import Tensor
 
 from ..data.prefetch import prefetch as prefetch_reader
+from ..data.prefetch import to_device
 from ..data.speedtest import speed_test as speed_test_reader
 from ..problems.base import Batch
 from .checkpoint import decode_plain, encode_plain
 
 __all__ = ["DataFeeder", "to_device"]
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor in a batch (dict/list/tuple) to ``device`` (no-op when already there)."""
-    if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
 
 
 class DataFeeder:

@@ -7,7 +7,7 @@ import torch
 from hotloop.builtin import declare_builtins
 from hotloop.engine import Strategy
 from hotloop.registry import hparams_sets, models, problems
-from hotloop.train.build import build_run
+from hotloop.compose.build import build_run
 from hotloop.train.trainer import Trainer
 
 RAW_PTB = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ptb"

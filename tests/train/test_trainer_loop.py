@@ -13,7 +13,7 @@ from helpers import run_in_fresh_process, ListReader, make_trainer, params_of, t
 from hotloop.engine import Strategy, StrategyError
 from hotloop.problems.algorithmic import Reverse
 from hotloop.train import Callback, EarlyStopping, Event, TrainerError
-from hotloop.train.build import build_model
+from hotloop.compose.build import build_model
 from hotloop.train.checkpoint import load_checkpoint
 from hotloop.registry import models, problems
 
@@ -188,7 +188,7 @@ def test_trainer_takes_only_a_strategy():
 
 
 def test_plan_strategy_tunes_then_applies_the_overrides(monkeypatch):
-    from hotloop.train import plan
+    from hotloop.compose import plan
     calls = {}
 
     def fake_auto(model, problem, hp, device, *, planned=None, max_time=None, log=print):
