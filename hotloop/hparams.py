@@ -111,6 +111,34 @@ def _convert(key: str, raw: str, typ: Any) -> Any:
     raise HParamsError(f"hparam {key!r}: unsupported type {typ!r}")
 
 
+_WANTED = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+
+
+def typed_value(key: str, value: Any, typ: Any, what: str = "hparam") -> Any:
+    """``value`` (from JSON/YAML or Python, not text) as field ``key`` of type ``typ`` holds it: an
+    int for a float field is widened, a list for a tuple field becomes a tuple, ``None`` fits an
+    optional field; anything else is an :class:`HParamsError` naming the field."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(typ):
+            return None
+        typ = next(a for a in typing.get_args(typ) if a is not type(None))
+    if typing.get_origin(typ) is tuple:
+        inner = typing.get_args(typ)[0]
+        if isinstance(value, (list, tuple)):
+            return tuple(typed_value(key, v, inner, what) for v in value)
+        wanted = f"a list of {_WANTED.get(inner, 'values').removeprefix('a ').removeprefix('an ')}s"
+    elif typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif typ is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif typ in (bool, str) and isinstance(value, typ):
+        return value
+    else:
+        wanted = _WANTED.get(typ, getattr(typ, "__name__", str(typ)))
+    raise HParamsError(f"{what} {key!r} must be {wanted}, got {type(value).__name__} {value!r}")
+
+
 def parse_overrides(text: str) -> list[tuple[str, str]]:
     """Split ``"lr=0.5,hidden_size=650"`` into ``[("lr", "0.5"), ...]``."""
     pairs = []
@@ -147,7 +175,8 @@ def apply_overrides(hp: H, overrides: str | dict[str, Any] | None) -> H:
             close = difflib.get_close_matches(key, list(types_), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise HParamsError(f"unknown hparam {key!r} for {type(hp).__name__}{hint}")
-        changes[key] = _convert(key, value, types_[key]) if isinstance(value, str) else value
+        changes[key] = (_convert(key, value, types_[key]) if isinstance(value, str)
+                        else typed_value(key, value, types_[key]))
     return dataclasses.replace(hp, **changes)
 
 

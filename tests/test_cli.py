@@ -255,6 +255,9 @@ BAD_CONFIG = {
     "not a mapping": ('[1, 2]', ["expected a mapping"]),
     "bad json": ('{"max_steps": 3', ["not valid JSON"]),
     "bad override inside": ('{"overrides": {"hiden_size": 3}}', ["unknown hparam 'hiden_size'"]),
+    # a mapping's values are typed: checked as they are, never turned into text first
+    "float for an int hparam": ('{"overrides": {"hidden_size": 3.5}}', ["hparam 'hidden_size' must be an integer"]),
+    "bool for an int hparam": ('{"overrides": {"hidden_size": true}}', ["hparam 'hidden_size' must be an integer"]),
 }
 
 
@@ -299,7 +302,7 @@ def test_run_json_reproduces_the_run_and_flags_win(capsys, tmp_path):
                        "--loggers", "csv")
     assert code == 0, err
     saved = json.loads((first / "run.json").read_text())
-    assert saved["loggers"] == "csv" and saved["max_steps"] == 3 and "accum_steps=2" in saved["overrides"]
+    assert saved["loggers"] == "csv" and saved["max_steps"] == 3 and saved["overrides"]["accum_steps"] == 2
     again = tmp_path / "b"
     code, out, err = run(capsys, "train", "--config", str(first / "run.json"), "--output-dir", str(again))
     assert code == 0, err

@@ -100,22 +100,23 @@ def _given_flags(args: argparse.Namespace) -> set[str]:
 def apply_config(args: argparse.Namespace) -> None:
     """Fill ``args`` from ``--config`` (flags given win; overrides combine), then the defaults.
 
-    Strategy settings end typed: ``args.strategy`` is ``auto``/``default``/a file or a mapping
-    of fields, ``args.strategy_changes`` the typed field changes (the file's, then the flag's).
+    Settings end typed: ``args.strategy`` is ``auto``/``default``/a file or a mapping of fields,
+    ``args.strategy_changes`` the typed Strategy field changes and ``args.hparams_changes`` the
+    hparams changes (each the file's, then the flags'; the user's ``k=v`` text is split once and
+    its values converted once, by the hparams class, when applied).
     """
-    from ..compose.config import load_config, overrides_text
+    from ..compose.config import hparams_changes, load_config
     from ..engine.strategy import Strategy
     from .common import import_modules, resolve_device
     given = _given_flags(args)
     config = load_config(args.config) if args.config else {}
     changes = _strategy_changes(config.get("strategy_overrides"))
+    args.hparams_changes = hparams_changes(config.get("overrides"), args.override if "override" in given else None)
     for key, value in config.items():
         dest = _DEST.get(key, key)
-        if key == "strategy_overrides":
+        if key in ("strategy_overrides", "overrides"):
             continue
-        if key == "overrides":
-            value = overrides_text(value, getattr(args, dest) if dest in given else None)
-        elif dest in given:
+        if dest in given:
             continue
         elif key == "loggers" and isinstance(value, list):
             value = ",".join(value)
@@ -139,10 +140,8 @@ def _strategy_changes(value: str | dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _apply_shortcuts(args: argparse.Namespace) -> None:
-    """``--precision`` is a typed Strategy change, ``--accum-steps`` an hparams override; a different
-    explicit value given on the command line is an error."""
-    from ..compose.config import overrides_text
-    from ..hparams import parse_overrides
+    """``--precision`` is a typed Strategy change, ``--accum-steps`` a typed hparams change; a
+    different explicit value given on the command line is an error."""
     if args.precision:
         explicit = args.strategy_changes.get("precision")
         if explicit is not None and explicit != args.precision:
@@ -151,10 +150,10 @@ def _apply_shortcuts(args: argparse.Namespace) -> None:
     if args.accum_steps is not None:
         if args.accum_steps < 1:
             raise CLIError(f"--accum-steps must be >= 1, got {args.accum_steps}")
-        explicit = dict(parse_overrides(args.override or "")).get("accum_steps")
-        if explicit is not None and explicit.strip() != str(args.accum_steps):
+        explicit = args.hparams_changes.get("accum_steps")
+        if explicit is not None and str(explicit).strip() != str(args.accum_steps):
             raise CLIError(f"--accum-steps {args.accum_steps} conflicts with --override accum_steps={explicit}")
-        args.override = overrides_text(args.override, f"accum_steps={args.accum_steps}")
+        args.hparams_changes["accum_steps"] = args.accum_steps
 
 
 def strategy_request(args: argparse.Namespace) -> Any:
@@ -231,10 +230,10 @@ def run(args: argparse.Namespace) -> int:
     from ..train.checkpoint import CheckpointManager
     from ..train.tracking import parse_logger_names
     apply_config(args)
-    overrides = args.override or ""
+    overrides = dict(args.hparams_changes)
     for key in ("max_steps", "max_epochs"):
         if getattr(args, key) is not None:
-            overrides += f",{key}={getattr(args, key)}"
+            overrides[key] = getattr(args, key)
     problem_cls, model_cls, hparams_name, hp = resolve_names(args.problem, args.model, args.hparams, overrides)
     request = strategy_request(args)
     parse_logger_names(args.loggers)
@@ -293,7 +292,7 @@ def _run_owned(args: argparse.Namespace, problem_cls: type, model_cls: type, hpa
 def run_info(args: argparse.Namespace, hparams_name: str, out: Path) -> dict[str, Any]:
     """What ``run.json`` records besides the Strategy and device: enough for ``--config run.json``."""
     return {"problem": args.problem, "model": args.model, "hparams_set": hparams_name,
-            "overrides": args.override or "", "data_dir": args.data_dir, "raw_dir": args.raw_dir,
+            "overrides": dict(args.hparams_changes), "data_dir": args.data_dir, "raw_dir": args.raw_dir,
             "imports": list(args.imports), "max_steps": args.max_steps, "max_epochs": args.max_epochs,
             "max_time": args.max_time, "eval_every": args.eval_every, "keep_last": args.keep_last,
             "loggers": args.loggers, "on_nonfinite": args.on_nonfinite, "eval_bleu": args.eval_bleu,

@@ -58,7 +58,7 @@ def run_callbacks(problem: Problem) -> list[Callback]:
 
 
 def resolve_names(problem: str, model: str, hparams: str | None = None,
-                  overrides: str | None = None) -> tuple[type, type, str, HParams]:
+                  overrides: str | dict[str, Any] | None = None) -> tuple[type, type, str, HParams]:
     """Look up the problem and model classes and the hparams set (default: the problem's
     ``default_hparams``); apply overrides; check the model serves the problem's task.
     ``problem`` may list several problems (``"a,b,c"``, see :func:`problem_class`).

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..hparams import parse_overrides
 
-__all__ = ["ConfigError", "CONFIG_KEYS", "ALIASES", "IGNORED_KEYS", "load_config", "overrides_text"]
+__all__ = ["ConfigError", "CONFIG_KEYS", "ALIASES", "IGNORED_KEYS", "load_config", "hparams_changes"]
 
 
 class ConfigError(UserError, ValueError):
@@ -114,20 +115,13 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def _value_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ":".join(_value_text(v) for v in value)
-    return "none" if value is None else str(value)
-
-
-def overrides_text(*parts: str | dict[str, Any] | None) -> str:
-    """``"k=v,..."`` from override strings and mappings, in order (later keys win when applied)."""
-    texts = []
+def hparams_changes(*parts: str | dict[str, Any] | None) -> dict[str, Any]:
+    """One mapping of hparams changes from override mappings (typed values kept) and ``"k=v,..."``
+    text (split once; its values stay text for the hparams class to convert), later keys winning."""
+    changes: dict[str, Any] = {}
     for part in parts:
         if isinstance(part, dict):
-            texts.extend(f"{k}={_value_text(v)}" for k, v in part.items())
+            changes.update(part)
         elif part:
-            texts.append(part.strip().strip(","))
-    return ",".join(t for t in texts if t)
+            changes.update(parse_overrides(part))
+    return changes

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import StrategyError
-from ..hparams import HParamsError, apply_overrides, parse_overrides
+from ..hparams import HParamsError, apply_overrides, parse_overrides, typed_value
 from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
 
 __all__ = ["Strategy", "StrategyError", "validate_for_model"]
@@ -196,20 +196,10 @@ class Strategy:
 
 def _typed(key: str, value: Any, typ: Any) -> Any:
     """``value`` as field ``key`` of type ``typ`` holds it, or :class:`StrategyError`."""
-    if typing.get_origin(typ) is tuple:
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-    elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif isinstance(value, typ):
-        return value
-    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
-    wanted = names.get(typ, "a list of strings")
-    raise StrategyError(f"strategy field {key!r} must be {wanted}, got {type(value).__name__} {value!r}")
+    try:
+        return typed_value(key, value, typ, "strategy field")
+    except HParamsError as exc:
+        raise StrategyError(str(exc)) from None
 
 
 def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
