@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from torch import Tensor, nn
 
+from ..models.base import LossOutput
 from ..problems.base import Batch
 from .precision import Precision
 from .step_parts import LossFn, PhaseHook, detach_state
@@ -51,8 +52,18 @@ class EagerBackend:
 
     def forward_backward(self, model: nn.Module, loss_fn: LossFn, batch: Batch, state: Any, weighted: bool,
                          precision: Precision, phase: PhaseHook) -> ForwardBackward:
+        return self.backward(self.forward(model, loss_fn, batch, state, precision, phase), precision, phase)
+
+    @staticmethod
+    def forward(model: nn.Module, loss_fn: LossFn, batch: Batch, state: Any, precision: Precision,
+                phase: PhaseHook) -> LossOutput:
+        """``loss_fn`` on one micro-batch under the precision's autocast."""
         with phase("forward"), precision.autocast():
-            out = loss_fn(model, batch, state)
+            return loss_fn(model, batch, state)
+
+    @staticmethod
+    def backward(out: LossOutput, precision: Precision, phase: PhaseHook) -> ForwardBackward:
+        """The (scaled) backward of ``out.loss``; what ``forward_backward`` returns."""
         with phase("backward"):
             precision.backward(out.loss)
         return out.loss.detach(), out.stats, detach_state(out.state)

@@ -94,9 +94,10 @@ class GraphBackend(EagerBackend):
         entry = self.entry(model, loss_fn, batch, state, weighted, precision)
         if entry.captured is None:           # this signature cannot be captured: it runs eagerly
             return super().forward_backward(model, loss_fn, batch, state, weighted, precision, phase)
+        params = list(model.parameters())
         try:
             with phase("forward_backward"):
-                outs, new_state = self._run(model, entry, batch, state)
+                outs, new_state = self._run(model, params, entry, batch, state)
         except ExecutorError as exc:
             if entry.runs:   # a graph that already ran fine: a real error, not a capture problem
                 raise
@@ -108,21 +109,21 @@ class GraphBackend(EagerBackend):
         layout = entry.captured.layout
         k = len(layout.stat_keys)
         stats = dict(zip(layout.stat_keys, outs[1:1 + k]))
-        params = list(model.parameters())
         for pi, g in zip(layout.used_grads, outs[1 + k + layout.num_state_out:]):
             param = params[pi]
             param.grad = g if param.grad is None else param.grad + g
         return outs[0], stats, new_state
 
     @staticmethod
-    def _run(model: nn.Module, entry: CacheEntry, batch: Batch, state: Any) -> tuple[list[Any], Any]:
+    def _run(model: nn.Module, params: list[nn.Parameter], entry: CacheEntry, batch: Batch, state: Any
+             ) -> tuple[list[Any], Any]:
         assert entry.captured is not None and entry.executor is not None
         layout = entry.captured.layout
         try:
             leaves = flatten_state(state)[0]
         except CaptureError as exc:
             raise TypeError(exc.reason) from None
-        inputs = (list(model.parameters()) + list(model.buffers())
+        inputs = (params + list(model.buffers())
                   + [batch[k] for k in layout.batch_keys] + leaves)
         outs = entry.executor.run(inputs)
         k = len(layout.stat_keys)

@@ -18,7 +18,7 @@ from ..models.base import LossOutput
 from ..problems.base import Batch
 from .backends import EagerBackend, ForwardBackward
 from .precision import Precision
-from .step_parts import LossFn, PhaseHook, detach_state
+from .step_parts import LossFn, PhaseHook
 
 __all__ = ["InductorBackend"]
 
@@ -59,8 +59,7 @@ class InductorBackend(EagerBackend):
         before = sum(counters["graph_break"].values())
         compiled = self._compile(loss_fn)
         try:      # the first call compiles forward and backward (AOT autograd) before any gradient
-            with phase("forward"), precision.autocast():
-                out = compiled(model, batch, state)
+            out = self.forward(model, compiled, batch, state, precision, phase)
         except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             self.fall_back(f"fallback: torch.compile failed: {type(exc).__name__}: {first[:200]}")
@@ -70,6 +69,4 @@ class InductorBackend(EagerBackend):
         self.report.append(f"inductor: compiled, {self.graph_breaks} graph break(s)")
         for reason, count in counters["graph_break"].items():
             self.report.append(f"graph break x{count}: {str(reason).splitlines()[0][:160]}")
-        with phase("backward"):
-            precision.backward(out.loss)
-        return out.loss.detach(), out.stats, detach_state(out.state)
+        return self.backward(out, precision, phase)
