@@ -316,7 +316,6 @@ def test_run_json_reproduces_the_run_and_flags_win(capsys, tmp_path):
 
 
 def test_yaml_config_with_mappings(capsys, tmp_path):
-    pytest.importorskip("yaml")
     overrides = ", ".join(f"{k}: {v}" for k, v in (item.split("=") for item in TINY.split(",")))
     config = tmp_path / "run.yaml"
     config.write_text(f"max_steps: 2\nloggers: [jsonl, csv]\nstrategy: default\n"

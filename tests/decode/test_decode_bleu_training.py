@@ -5,15 +5,12 @@ import json
 
 import pytest
 
-pytest.importorskip("sentencepiece")
-pytest.importorskip("sacrebleu")
-
-from helpers import make_trainer  # noqa: E402
-from hotloop import cli  # noqa: E402
-from hotloop.decode.bleu import bleu_on_split  # noqa: E402
-from hotloop.errors import UserError  # noqa: E402
-from hotloop.hparams import get_hparams  # noqa: E402
-from hotloop.train.bleu_during_training import BleuAtEval  # noqa: E402
+from helpers import make_trainer
+from hotloop import cli
+from hotloop.decode.bleu import bleu_on_split
+from hotloop.errors import UserError
+from hotloop.hparams import get_hparams
+from hotloop.train.bleu_during_training import BleuAtEval
 
 
 def test_each_valid_row_carries_the_bleu_of_its_first_sentences(tiny_wmt):

@@ -6,15 +6,13 @@ import argparse
 import pytest
 import torch
 
-pytest.importorskip("sentencepiece")
-
-from helpers import briefly_trained  # noqa: E402
-from hotloop.cli import decode as decode_cli  # noqa: E402
-from hotloop.errors import UserError  # noqa: E402
-from hotloop.export.seq2seq import openvino_decoding_unavailable  # noqa: E402
-from hotloop.hparams import get_hparams, hparams_to_dict  # noqa: E402
-from hotloop.registry import models  # noqa: E402
-from hotloop.train.checkpoint import CheckpointManager  # noqa: E402
+from helpers import briefly_trained
+from hotloop.cli import decode as decode_cli
+from hotloop.errors import UserError
+from hotloop.export.seq2seq import openvino_decoding_unavailable
+from hotloop.hparams import get_hparams, hparams_to_dict
+from hotloop.registry import models
+from hotloop.train.checkpoint import CheckpointManager
 
 torch.set_num_threads(1)
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("sentencepiece")
-
-from test_decode_cli import _args, _decode, _save_run, wmt_run  # noqa: E402,F401 - wmt_run is a fixture
-from hotloop.cli import decode as decode_cli  # noqa: E402
-from hotloop.decode.translate import DecodeOptions, translate_ids  # noqa: E402
-from hotloop.errors import UserError  # noqa: E402
-from hotloop.hparams import get_hparams  # noqa: E402
-from hotloop.problems.multi_problem import multi_problem_class  # noqa: E402
-from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
+from test_decode_cli import _args, _decode, _save_run, wmt_run  # noqa: F401 - wmt_run is a fixture
+from hotloop.cli import decode as decode_cli
+from hotloop.decode.translate import DecodeOptions, translate_ids
+from hotloop.errors import UserError
+from hotloop.hparams import get_hparams
+from hotloop.problems.multi_problem import multi_problem_class
+from hotloop.compose.restore import find_checkpoint, load_trained
 
 WMT = "translate_wmt_en_de_nc"
 NAMES = f"{WMT},algorithmic_copy"

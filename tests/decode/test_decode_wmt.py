@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("sentencepiece")
-
-from hotloop.data import ChecksumError  # noqa: E402
-from hotloop.hparams import get_hparams  # noqa: E402
-from hotloop.problems.wmt import RawFile, read_sgm  # noqa: E402
+from hotloop.data import ChecksumError
+from hotloop.hparams import get_hparams
+from hotloop.problems.wmt import RawFile, read_sgm
 
 
 def test_download_datagen_and_splits(tiny_wmt):

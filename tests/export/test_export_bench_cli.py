@@ -8,21 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("safetensors")
+from export_helpers import save_run, tiny_model
 
-from export_helpers import save_run, tiny_model  # noqa: E402
-
-from hotloop.cli import bench as bench_cli  # noqa: E402
-from hotloop.cli import export as export_cli  # noqa: E402
-from hotloop.errors import UserError  # noqa: E402
-from hotloop.export import load_model, load_runtime  # noqa: E402
-from hotloop.export.bench import ROW_KEYS, Contender, format_rows, parity, run_bench  # noqa: E402
-from hotloop.export.bench_models import subject_from_model  # noqa: E402
-from hotloop.export.graphs import example_inputs, forward_graph  # noqa: E402
-from hotloop.models.conv import ConvNet  # noqa: E402
-from hotloop.registry import models  # noqa: E402
-from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
+from hotloop.cli import bench as bench_cli
+from hotloop.cli import export as export_cli
+from hotloop.errors import UserError
+from hotloop.export import load_model, load_runtime
+from hotloop.export.bench import ROW_KEYS, Contender, format_rows, parity, run_bench
+from hotloop.export.bench_models import subject_from_model
+from hotloop.export.graphs import example_inputs, forward_graph
+from hotloop.models.conv import ConvNet
+from hotloop.registry import models
+from hotloop.compose.restore import find_checkpoint, load_trained
 
 
 def _args(module, **values) -> argparse.Namespace:
@@ -50,7 +47,6 @@ def test_export_cli_safetensors_and_openvino(conv_run, tmp_path, capsys):
     with torch.no_grad():
         assert torch.equal(loaded_graph(images), expected)
 
-    pytest.importorskip("openvino")
     assert export_cli.run(_args(export_cli, output_dir=str(conv_run), format="openvino")) == 0
     default_out = conv_run / "export" / "openvino"
     assert {"model.xml", "model.bin", "config.json"} <= {p.name for p in default_out.iterdir()}

@@ -7,14 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
-pytest.importorskip("safetensors")
-
-from hotloop.export import ExportError, export_model, load_model, load_runtime, read_manifest  # noqa: E402
-from hotloop.export.graphs import example_inputs  # noqa: E402
-from hotloop.problems.mixing import tag_batch  # noqa: E402
-from hotloop.compose.build import build_run  # noqa: E402
+from hotloop.export import ExportError, export_model, load_model, load_runtime, read_manifest
+from hotloop.export.graphs import example_inputs
+from hotloop.problems.mixing import tag_batch
+from hotloop.compose.build import build_run
 
 PROBLEMS = "algorithmic_copy,image_synthetic"
 

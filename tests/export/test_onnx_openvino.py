@@ -8,18 +8,14 @@ import pytest
 import torch
 from torch import Tensor
 
-pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
-pytest.importorskip("openvino")
+from export_helpers import tiny_model
 
-from export_helpers import tiny_model  # noqa: E402
-
-from hotloop.export import (DataDependentControlFlowError, ExportFileError, export_model,  # noqa: E402
+from hotloop.export import (DataDependentControlFlowError, ExportFileError, export_model,
                             load_runtime, read_manifest)
-from hotloop.export.graphs import example_inputs, forward_graph  # noqa: E402
-from hotloop.export.runtimes import onnx_runner, openvino_runner  # noqa: E402
-from hotloop.models.conv import ConvNet  # noqa: E402
-from hotloop.models.formulation import Formulation  # noqa: E402
+from hotloop.export.graphs import example_inputs, forward_graph
+from hotloop.export.runtimes import onnx_runner, openvino_runner
+from hotloop.models.conv import ConvNet
+from hotloop.models.formulation import Formulation
 
 TOL = 1e-4
 # lstm_lm computes with lstm_impl=bptt: the export must switch to the fused nn.LSTM formulation

@@ -6,12 +6,10 @@ import json
 import pytest
 import torch
 
-pytest.importorskip("safetensors")
+from export_helpers import tiny_model
 
-from export_helpers import tiny_model  # noqa: E402
-
-from hotloop.export import ExportError, ExportFileError, export_model, load_model  # noqa: E402
-from hotloop.export.graphs import example_inputs, forward_graph  # noqa: E402
+from hotloop.export import ExportError, ExportFileError, export_model, load_model
+from hotloop.export.graphs import example_inputs, forward_graph
 
 
 def _outputs(model, inputs):

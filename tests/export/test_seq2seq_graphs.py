@@ -6,18 +6,15 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("openvino")
+from export_helpers import tiny_model
+from helpers import briefly_trained
 
-from export_helpers import tiny_model  # noqa: E402
-from helpers import briefly_trained  # noqa: E402
-
-from hotloop.decode.search import beam_search, greedy_search  # noqa: E402
-from hotloop.export import ExportError, export_model, load_decoder, read_manifest  # noqa: E402
-from hotloop.export.seq2seq import openvino_decoding_unavailable  # noqa: E402
-from hotloop.hparams import get_hparams  # noqa: E402
-from hotloop.problems.base import PAD_ID, ProblemSpec  # noqa: E402
-from hotloop.registry import models  # noqa: E402
+from hotloop.decode.search import beam_search, greedy_search
+from hotloop.export import ExportError, export_model, load_decoder, read_manifest
+from hotloop.export.seq2seq import openvino_decoding_unavailable
+from hotloop.hparams import get_hparams
+from hotloop.problems.base import PAD_ID, ProblemSpec
+from hotloop.registry import models
 
 
 def _lstm_seq2seq() -> torch.nn.Module:

@@ -1,8 +1,7 @@
 """Each zoo problem/model pair resolves by name and runs through the Trainer (a few steps)."""
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import raw_data_dir, require_raw_data
 
 from hotloop.builtin import declare_builtins
 from hotloop.engine import Strategy
@@ -10,7 +9,7 @@ from hotloop.registry import hparams_sets, models, problems
 from hotloop.compose.build import build_run
 from hotloop.train.trainer import Trainer
 
-RAW_PTB = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ptb"
+RAW_PTB = raw_data_dir("ptb")                 # $HOTLOOP_RAW_ROOT/ptb (tests/conftest.py sets the root)
 
 PAIRS = [
     ("image_mnist", "se_resnext50", "batch_size=8,stage_blocks=1:1,stem_channels=8,stage_channels=16,cardinality=2"),
@@ -42,8 +41,8 @@ def test_zoo_names_are_declared_builtins():
 
 @pytest.mark.parametrize("problem, model, overrides", PAIRS, ids=[p[0] for p in PAIRS])
 def test_pair_trains_and_evaluates(problem, model, overrides, tmp_path):
-    if problem == "bert_pretrain_ptb" and not (RAW_PTB / "ptb.train.txt").is_file():
-        pytest.skip(f"PTB not at {RAW_PTB}")
+    if problem == "bert_pretrain_ptb":
+        require_raw_data(RAW_PTB / "ptb.train.txt", "PTB")
     run = build_run(problem, model, None, overrides, data_dir=tmp_path / "data", raw_dir=RAW_PTB)
     trainer = Trainer(run.problem, run.model, run.hp, max_steps=3, strategy=Strategy(sync_every=1),
                       loggers=[])

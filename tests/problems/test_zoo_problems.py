@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import raw_data_dir, require_raw_data
 from hotloop.errors import UserError
 from hotloop.hparams import HParams
 from hotloop.problems import mnist
@@ -21,8 +21,8 @@ from hotloop.problems.shapes_unpaired import PALETTE, UnpairedShapesHParams
 from hotloop.problems.synthetic_images import SyntheticImageHParams
 from hotloop.registry import problems
 
-RAW_PTB = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ptb"
-RAW_MULTI30K = RAW_PTB.parent / "multi30k"
+RAW_PTB = raw_data_dir("ptb")                 # $HOTLOOP_RAW_ROOT/ptb (tests/conftest.py sets the root)
+RAW_MULTI30K = raw_data_dir("multi30k")
 
 
 def _same(a, b):
@@ -166,17 +166,15 @@ def test_unpaired_shapes_domains():
 
 
 # ---------------------------------------------------------------- bert_pretrain_ptb
-needs_ptb = pytest.mark.skipif(not (RAW_PTB / "ptb.train.txt").is_file(), reason=f"PTB not at {RAW_PTB}")
-
-
 @pytest.fixture(scope="module")
 def bert_ptb(tmp_path_factory):
+    """The PTB pretraining problem, prepared once (skips locally, fails under CI=true without PTB)."""
+    require_raw_data(RAW_PTB / "ptb.train.txt", "PTB")
     problem = BertPretrainPTB(data_dir=tmp_path_factory.mktemp("bert_ptb"), raw_dir=RAW_PTB)
     problem.prepare()
     return problem
 
 
-@needs_ptb
 def test_wordpiece_vocabulary_and_round_trip(bert_ptb):
     vocab = bert_ptb.tokenizer.get_vocab()
     assert len(vocab) == VOCAB_SIZE
@@ -210,7 +208,6 @@ def _stream(sentences):
     return flat, starts
 
 
-@needs_ptb
 def test_pretraining_pairs_masking_and_next_sentence(bert_ptb):
     hp = BertPretrainHParams(batch_size=64, max_length=64)
     batch = next(iter(bert_ptb.reader("valid", hp)))
@@ -245,7 +242,6 @@ def test_pretraining_pairs_masking_and_next_sentence(bert_ptb):
     assert 0.25 < nsp.mean() < 0.75
 
 
-@needs_ptb
 def test_pretraining_reader_is_deterministic_and_resumes(bert_ptb):
     hp = BertPretrainHParams(batch_size=8, max_length=32, train_examples=64)
     assert _same(next(iter(bert_ptb.reader("train", hp))), next(iter(bert_ptb.reader("train", hp))))
@@ -253,8 +249,8 @@ def test_pretraining_reader_is_deterministic_and_resumes(bert_ptb):
     assert bert_ptb.spec(hp).max_input_length == 32 and bert_ptb.spec(HParams()).max_input_length == 128
 
 
-@pytest.mark.skipif(not (RAW_MULTI30K / "train.en.gz").is_file(), reason=f"Multi30k not at {RAW_MULTI30K}")
 def test_multi30k_pairs_are_masked_lm_only(tmp_path):
+    require_raw_data(RAW_MULTI30K / "train.en.gz", "Multi30k")
     problem = BertPretrainMulti30k(data_dir=tmp_path, raw_dir=RAW_MULTI30K)
     assert {s: len(problem.sentences(s)) for s in ("train", "valid", "test")} == {
         "train": 29_000, "valid": 1_014, "test": 1_000}
