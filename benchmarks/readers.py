@@ -6,6 +6,7 @@ small MLP trained with SGD in torch. Contenders run interleaved in one
 process after a warm-up; the table reports medians over rounds.
 
     PYTHONPATH=. nice -n 10 python benchmarks/readers.py [--json FILE]
+    PYTHONPATH=. python benchmarks/readers.py --sharded [--json FILE]   # benchmarks/sharded_readers.py
 
 ``async_workers_vs_speedtest`` = samples/s of async + workers (whole batches
 mapped in the workers) divided by the speed-test (compute-only) rate: 1.0
@@ -102,6 +103,10 @@ def _calibrate(batch_size: int, model: nn.Module, opt: torch.optim.Optimizer) ->
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import sys
+    if "--sharded" in (sys.argv[1:] if argv is None else argv):   # per-rank input time at 1, 2, 4 ranks
+        from benchmarks.sharded_readers import main as sharded_main
+        return sharded_main(argv)
     from hotloop.tools.hardware import machine_header
     print(machine_header("benchmarks/readers.py"), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -12,6 +12,9 @@ fully describes where a reader is (the RNG state is a function of them).
 Resuming skips cheaply where a stage allows it (sources index directly, ``map``
 and ``batch`` translate the count upstream without running the function) and
 replays otherwise (``bucket`` and buffered ``shuffle`` of a generator).
+
+``shard(rank, world_size)`` gives a reader of only one rank's rows of every batch, at the same
+global positions, where the chain allows it (:mod:`hotloop.data.row_shard`).
 """
 from __future__ import annotations
 
@@ -44,6 +47,11 @@ class Reader:
     @property
     def indexable(self) -> bool:
         return False
+
+    def shard(self, rank: int, world_size: int) -> "Reader | None":
+        """A reader of this rank's rows of every batch (same positions), or None when this stage
+        cannot make only those rows (see :mod:`hotloop.data.row_shard`)."""
+        return None
 
     # -- the reader protocol -------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -109,10 +117,13 @@ class Reader:
         return Shuffle(self, buffer_size, seed)
 
     def map(self, fn: Callable[[Any], Any], workers: int = 0, *, ordered: bool = True,
-            mp_context: str | None = None, inflight: int = 2, chunksize: int = 1) -> "Reader":
+            mp_context: str | None = None, inflight: int = 2, chunksize: int = 1,
+            rowwise: bool = False) -> "Reader":
+        """``fn`` over every item; ``rowwise=True`` says that over batches ``fn`` treats each row
+        alone (then a data-parallel rank maps only its own rows)."""
         from .stages import Map
         return Map(self, fn, workers=workers, ordered=ordered, mp_context=mp_context, inflight=inflight,
-                   chunksize=chunksize)
+                   chunksize=chunksize, rowwise=rowwise)
 
     def batch(self, batch_size: int, collate: Callable[[list[Any]], Any] | None = None, *,
               drop_last: bool = False, pad_id: int = 0) -> "Reader":

@@ -1,6 +1,7 @@
 """Sources: the first stage of a chain (arrays, generators, on-disk shards, LM streams)."""
 from __future__ import annotations
 
+import copy
 import inspect
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -150,6 +151,17 @@ class StreamWindows(Reader):
                              f"{batch_size} x num_steps={num_steps}")
         self._data = np.asarray(tokens[:batch_size * columns]).reshape(batch_size, columns)  # [B, N//B]
         self.batch_size, self.num_steps = batch_size, num_steps
+
+    def shard(self, rank: int, world_size: int) -> "StreamWindows | None":
+        """This rank's rows ``[r B/N, (r+1) B/N)`` of every window (its own contiguous streams)."""
+        from .row_shard import rank_rows
+        part = rank_rows(self.batch_size, rank, world_size)
+        if part is None:
+            return None   # fewer streams than ranks: the caller skips every window, as before
+        out = copy.copy(self)
+        out._data = self._data[part[0]:part[1]]   # [B/N, N//B], a view
+        out.batch_size = part[1] - part[0]
+        return out
 
     @property
     def indexable(self) -> bool:

@@ -8,6 +8,7 @@ import numpy as np
 
 from .collate import collate as default_collate
 from .reader import Reader
+from .row_shard import groups_of, shard_batches, shard_bucket, shard_rowwise_map, shard_upstream
 
 __all__ = ["Shuffle", "Map", "Batched", "Bucket", "Repeat", "Take", "Skip", "Select", "bucket_boundaries",
            "shuffle_order"]
@@ -55,6 +56,10 @@ class Shuffle(Reader):
         self.buffer_size, self.seed = buffer_size, seed
         self._order: tuple[int, np.ndarray] | None = None
 
+    def shard(self, rank: int, world_size: int) -> Reader | None:
+        """Over batches: the same order (it depends only on the seed, epoch and length) of sharded batches."""
+        return None if self.upstream.indexable else shard_upstream(self, rank, world_size)
+
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, epoch])
 
@@ -96,14 +101,18 @@ class Map(Reader):
 
     def __init__(self, upstream: Reader, fn: Callable[[Any], Any], *, workers: int = 0,
                  ordered: bool = True, mp_context: str | None = None, inflight: int = 2,
-                 chunksize: int = 1) -> None:
+                 chunksize: int = 1, rowwise: bool = False) -> None:
         super().__init__(upstream)
         if workers < 0 or inflight < 1 or chunksize < 1:
             raise ValueError(f"map: workers={workers} must be >= 0, inflight={inflight} and "
                              f"chunksize={chunksize} >= 1")
         self.fn, self.workers, self.ordered = fn, workers, ordered
         self.mp_context, self.inflight, self.chunksize = mp_context, inflight, chunksize
+        self.rowwise = rowwise   # over batches: fn treats each row alone, so a rank may map only its rows
         self._pool: Any = None
+
+    def shard(self, rank: int, world_size: int) -> Reader | None:
+        return shard_rowwise_map(self, rank, world_size) if self.rowwise else None
 
     @property
     def indexable(self) -> bool:
@@ -154,6 +163,9 @@ class Batched(Reader):
         self.batch_size, self.drop_last, self.pad_id = batch_size, drop_last, pad_id
         self.collate = collate or (lambda items: default_collate(items, pad_id))
 
+    def shard(self, rank: int, world_size: int) -> Reader:
+        return shard_batches(self, rank, world_size)
+
     def _num_items(self, epoch: int) -> int | None:
         n = self.upstream._num_items(epoch)
         if n is None:
@@ -161,13 +173,8 @@ class Batched(Reader):
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
-        group: list[Any] = []
-        for item in self.upstream._iter_from(epoch, start * self.batch_size):
-            group.append(item)
-            if len(group) == self.batch_size:
-                yield self.collate(group)
-                group = []
-        if group and not self.drop_last:
+        items = self.upstream._iter_from(epoch, start * self.batch_size)
+        for group in groups_of(items, self.batch_size, self.drop_last):
             yield self.collate(group)
 
 
@@ -214,6 +221,9 @@ class Bucket(Reader):
         self.length_fn = length_fn or _default_length
         self.collate = collate or (lambda items: default_collate(items, pad_id))
 
+    def shard(self, rank: int, world_size: int) -> Reader:
+        return shard_bucket(self, rank, world_size)
+
     def _iter_from(self, epoch: int, start: int) -> Iterator[Any]:
         def batches() -> Iterator[list[Any]]:
             buckets: list[list[Any]] = [[] for _ in self.bounds]
@@ -256,6 +266,9 @@ class Repeat(Reader):
             raise ValueError(f"repeat count must be >= 1 or None, got {count}")
         self.count = count
 
+    def shard(self, rank: int, world_size: int) -> Reader | None:
+        return shard_upstream(self, rank, world_size)
+
     def _num_items(self, epoch: int) -> int | None:
         if self.count is None:
             return None
@@ -294,6 +307,9 @@ class _CountedSlice(Reader):
     @property
     def indexable(self) -> bool:
         return self.upstream.indexable
+
+    def shard(self, rank: int, world_size: int) -> Reader | None:
+        return shard_upstream(self, rank, world_size)
 
 
 class Take(_CountedSlice):

@@ -1,12 +1,20 @@
 """Split a reader over ranks: each rank takes its own contiguous rows of every batch.
 
-``hp.batch_size`` stays the *global* batch. Every rank iterates the same
-reader (same seed, so the same epoch shuffle) and keeps rows
+``hp.batch_size`` stays the *global* batch. Every rank follows the same
+reader (same seed, so the same epoch shuffle) and gets rows
 ``[r * B / N, (r + 1) * B / N)`` of each batch, so the ranks read disjoint
 data, run the same number of steps (no deadlock at the end of an epoch), and
 N ranks x B/N rows compute the same averaged gradient as one process with B
 rows. For streamed LM windows ``[B, T]`` this gives every rank its own
 contiguous streams, so a carried recurrent state stays valid.
+
+Where the reader can (``reader.shard(rank, world_size)``, :mod:`hotloop.data.row_shard`:
+hotloop's batching stages, LM windows, and the stages over them), each rank reads and collates
+only its own rows; otherwise (a reader that makes whole batches, such as a generated problem's
+seeded batches, or one without ``shard``) every rank makes the whole batch and keeps its rows.
+Either way the rows, and the reader position, are the same. With ragged items a natively
+sharded rank pads its rows to their own longest (the rows cut from a whole batch are padded to
+the whole batch's longest); the padding is ignored by losses and metrics.
 
 Uneven tails: a batch whose row count is not a multiple of N loses its last
 ``rows % N`` rows (the same rows on every rank); a batch with fewer than N
@@ -71,18 +79,25 @@ class ShardedReader(ReaderWrapper):
 
     ``state_dict`` / ``load_state_dict`` / ``set_epoch`` / ``len`` are the
     wrapped reader's (the position is global), so a checkpoint taken with one
-    world size resumes under another.
+    world size resumes under another. :attr:`native` says whether this rank reads
+    only its rows (``reader.shard``) or cuts them out of whole batches.
     """
 
     def __init__(self, reader: Any, rank: int, world_size: int) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ShardingError(f"rank {rank} is not in [0, {world_size})")
-        self.reader = reader
+        shard = getattr(reader, "shard", None) if world_size > 1 else None
+        mine = shard(rank, world_size) if callable(shard) else None
+        self.native = mine is not None
+        self.reader = mine if mine is not None else reader
         self.rank = rank
         self.world_size = world_size
         self._warned = False
 
     def __iter__(self) -> Iterator[Any]:
+        if self.native:   # the reader makes only this rank's rows; None: a batch too small to split
+            yield from (batch for batch in self.reader if batch is not None)
+            return
         for batch in self.reader:
             part = shard_rows(batch, self.rank, self.world_size)
             rows = batch_rows(batch)

@@ -128,7 +128,7 @@ class MnistDigits(Problem):
         if train if shuffle is None else shuffle:
             source = source.shuffle(len(index), seed=(a.seed + seed) * 3)
         batches = source.batch(hp.batch_size, drop_last=train)     # uint8 [B, 28, 28], int64 [B]
-        return batches.map(_DigitBatch(a.image_size, a.image_channels), workers=workers)
+        return batches.map(_DigitBatch(a.image_size, a.image_channels), workers=workers, rowwise=True)
 
     def decode(self, ids: Any) -> str:
         return " ".join(str(int(i)) for i in ids)
