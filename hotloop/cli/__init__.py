@@ -105,15 +105,19 @@ def _check_run_lock(argv: list[str]) -> None:
 
 def _launch_workers(argv: list[str]) -> int | None:
     """``hotloop train --nproc N``: run N workers and return the job's exit code (None: train here)."""
-    from .cli_support import flag_value, in_worker, maybe_launch
+    from .cli_support import flag_value, in_worker, job_nodes, maybe_launch
     if not argv or argv[0] != "train" or in_worker():
         return None
     try:
-        if flag_value(argv, "--nproc", 1) <= 1:
+        nodes = job_nodes(argv)
+        if flag_value(argv, "--nproc", 1) <= 1 and nodes is None:
             return None
     except UserError:
-        return None  # the train parser reports the bad value
-    _check_run_lock(argv)
+        nodes = None
+        if "--nnodes" not in argv and not any(a.startswith("--nnodes=") for a in argv):
+            return None  # the train parser reports the bad value
+    if nodes is None:
+        _check_run_lock(argv)   # several nodes: global rank 0, wherever it runs, takes the lock
     return maybe_launch(argv)
 
 

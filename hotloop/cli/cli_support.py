@@ -16,10 +16,11 @@ from typing import Any, Callable, Sequence
 
 from ..parallel.errors import LaunchError, WorkerFailedError
 from ..parallel.group import is_distributed_env
-from ..parallel.launch import launch, strip_launch_flags
+from ..parallel.launch import ELASTIC_ENV, launch, strip_launch_flags
+from ..parallel.nodes import NODE_FLAGS, NodeSpec, node_spec
 
 __all__ = ["maybe_launch", "join_job", "in_worker", "worker_device", "prepare_in_rank_order", "flag_value",
-           "flag_text", "restart_resume"]
+           "flag_text", "restart_resume", "job_nodes", "dist_timeout"]
 
 
 def flag_text(argv: Sequence[str], flag: str) -> str | None:
@@ -43,19 +44,37 @@ def flag_value(argv: Sequence[str], flag: str, default: int) -> int:
         raise LaunchError(f"{flag} expects an integer, got {raw!r}") from None
 
 
-def maybe_launch(argv: Sequence[str], stderr: Any = None) -> int | None:
-    """Launch ``hotloop <argv>`` in ``--nproc`` workers and return the exit code.
+def job_nodes(argv: Sequence[str]) -> NodeSpec | None:
+    """The multi-node part of ``argv`` (``--nnodes`` ... or a Slurm step); None on one node."""
+    return node_spec({flag: flag_text(argv, flag) for flag in NODE_FLAGS})
 
-    Returns None (run in this process) without ``--nproc`` > 1, or inside a
+
+def dist_timeout(argv: Sequence[str]) -> float | None:
+    """``--dist-timeout SECONDS`` from ``argv`` (None when absent)."""
+    raw = flag_text(argv, "--dist-timeout")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise LaunchError(f"--dist-timeout expects seconds, got {raw!r}") from None
+
+
+def maybe_launch(argv: Sequence[str], stderr: Any = None) -> int | None:
+    """Launch ``hotloop <argv>`` in ``--nproc`` workers (on each of ``--nnodes``) and return the exit code.
+
+    Returns None (run in this process) for one process on one node, or inside a
     torchrun worker (the workers receive argv without the launcher flags).
     """
     stderr = stderr or sys.stderr
     try:
         nproc = flag_value(argv, "--nproc", 1)
-        if nproc == 1 or "TORCHELASTIC_RUN_ID" in os.environ:
+        nodes = job_nodes(argv)
+        if (nproc == 1 and nodes is None) or "TORCHELASTIC_RUN_ID" in os.environ:
             return None
         launch(nproc, ["hotloop", *strip_launch_flags(argv)],
-               max_restarts=flag_value(argv, "--max-restarts", 0))
+               max_restarts=flag_value(argv, "--max-restarts", 0), nodes=nodes,
+               dist_timeout_s=dist_timeout(argv))
     except LaunchError as exc:
         print(f"hotloop: error: {exc}", file=stderr)
         return 2
@@ -99,8 +118,10 @@ def restart_resume(resume: bool, has_checkpoints: bool) -> bool:
     """``--resume`` for this worker: on a torchrun restart (attempt > 0), resume iff a checkpoint exists.
 
     The first attempt keeps the user's choice; a restarted group continues from
-    the last checkpoint the failed attempt wrote (or starts over if it wrote none).
+    the last checkpoint the failed attempt wrote (or starts over if it wrote none). In a
+    multi-node job with restarts every attempt does so: a node that rejoins is on its
+    first attempt while the survivors are on a later one, and all must agree.
     """
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 or os.environ.get(ELASTIC_ENV) == "1":
         return has_checkpoints
     return resume

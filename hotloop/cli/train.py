@@ -74,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a non-finite loss stops the run (default) or its update is skipped and counted")
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel worker processes")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart a failed worker group N times")
+    parser.add_argument("--nnodes", default=None, metavar="N|MIN:MAX",
+                        help="nodes of a multi-node job (run the same line on each; Slurm steps set it)")
+    parser.add_argument("--node-rank", type=int, default=None, help="this node's rank (0 runs the rendezvous)")
+    parser.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="node rank 0's address")
+    parser.add_argument("--rdzv-id", default=None, help="the job's id, the same on every node")
+    parser.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
+                        help="collective timeout of the workers (default 1800; HOTLOOP_DIST_TIMEOUT_S)")
 
 
 def _probe_parser() -> argparse.ArgumentParser:

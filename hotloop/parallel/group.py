@@ -1,9 +1,10 @@
 """Process-group set-up from the ``torchrun`` environment (RANK, WORLD_SIZE, LOCAL_RANK).
 
 Backend: NCCL when CUDA is available, gloo otherwise. Collectives time out
-after ``HOTLOOP_DIST_TIMEOUT_S`` seconds (default 180) so a hung rank turns
-into an error instead of a hang; a rank that *dies* is detected sooner by
-``torch.distributed.run``, which tears the whole job down.
+after ``HOTLOOP_DIST_TIMEOUT_S`` seconds (``--dist-timeout``; default 1800, long enough for a
+rank-0 checkpoint write of a large model) so a hung rank turns into an error instead of a
+hang; a rank that *dies* is detected sooner by ``torch.distributed.run``, which tears the
+whole job down.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ __all__ = ["DistEnv", "read_env", "init_process_group", "default_backend", "defa
            "is_distributed_env", "TIMEOUT_ENV"]
 
 TIMEOUT_ENV = "HOTLOOP_DIST_TIMEOUT_S"
-_DEFAULT_TIMEOUT_S = 180.0
+_DEFAULT_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,11 @@ def default_timeout_s() -> float:
 def _job_store(env: DistEnv, timeout: timedelta, store_file: str | None = None) -> dist.Store:
     """The rendezvous key-value store, with keys private to this restart attempt.
 
-    Under torchrun the agent hosts the store and keeps it across restarts, so
-    without a per-attempt prefix a restarted group would read the dead
-    group's gloo addresses. Outside torchrun rank 0 hosts the store, or every
+    Under torchrun on one node the agent hosts the store and keeps it across restarts, so
+    without a per-attempt prefix a restarted group would read the dead group's gloo
+    addresses. Otherwise (multi-node jobs, outside torchrun) global rank 0 hosts a fresh store
+    for each rendezvous round, at the MASTER_ADDR:MASTER_PORT the round chose, and no prefix
+    is needed (nodes that rejoined have other restart counts than the survivors), or every
     rank opens ``store_file`` (a ``FileStore``: no port to pick).
     """
     use_agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -90,6 +93,8 @@ def _job_store(env: DistEnv, timeout: timedelta, store_file: str | None = None) 
     else:
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
                               is_master=not use_agent_store and env.rank == 0, timeout=timeout)
+    if not use_agent_store:
+        return store
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"hotloop/attempt_{attempt}", store)
 

@@ -9,7 +9,11 @@ others at once and :func:`launch` raises :class:`WorkerFailedError` naming
 the first failed rank and its error; with ``max_restarts`` the agent restarts
 the whole group instead (the workers should then ``--resume``).
 
-Multi-node jobs use torchrun directly (see docs/parallel.md).
+Several nodes: each node runs :func:`launch` with the same :class:`~hotloop.parallel.nodes.NodeSpec`
+(``hotloop train --nnodes N --node-rank R --rdzv-endpoint HOST:PORT --rdzv-id ID``); the agents
+meet in torchrun's c10d rendezvous, hosted by node rank 0. Each rendezvous round gets a fresh
+worker store on global rank 0 (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), so a node that
+rejoins after a failure (restart count 0) meets survivors (restart count 1) on the same keys.
 """
 from __future__ import annotations
 
@@ -23,17 +27,22 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 from .errors import LaunchError, WorkerFailedError
+from .group import TIMEOUT_ENV
+from .nodes import NODE_FLAGS, NodeSpec
 
 __all__ = ["launch", "worker_entry", "strip_launch_flags", "describe_failure", "LAUNCH_FLAGS",
-           "die_with_launcher", "LAUNCHER_PID_ENV"]
+           "die_with_launcher", "LAUNCHER_PID_ENV", "ELASTIC_ENV"]
 
 #: set by :func:`launch` for its workers: the pid whose death ends them (:func:`die_with_launcher`)
 LAUNCHER_PID_ENV = "HOTLOOP_LAUNCHER_PID"
+#: set to 1 for the workers of a multi-node job with restarts: every attempt resumes when it can
+ELASTIC_ENV = "HOTLOOP_ELASTIC"
 _PR_SET_PDEATHSIG = 1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-LAUNCH_FLAGS = ("--nproc", "--max-restarts")   # consumed by the launcher, not passed to workers
+# consumed by the launcher, not passed to workers
+LAUNCH_FLAGS = ("--nproc", "--max-restarts", "--dist-timeout", *NODE_FLAGS)
 
 
 def worker_entry(fn: F) -> F:
@@ -132,12 +141,26 @@ def describe_failure(error: Any, log_dir: Path | None = None) -> tuple[str, list
     return "\n".join(lines), sorted(error.failures), code
 
 
+def _rendezvous_args(nodes: NodeSpec | None, rdzv_endpoint: str) -> tuple[list[str], dict[str, str]]:
+    """torchrun's rendezvous flags and the workers' extra environment for one node or several."""
+    if nodes is None:
+        return ["--nnodes", "1", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", uuid.uuid4().hex], {}
+    args = ["--nnodes", nodes.nnodes_arg, "--rdzv-endpoint", nodes.endpoint, "--rdzv-id", nodes.run_id,
+            "--rdzv-conf", f"is_host={int(nodes.node_rank == 0)}"]
+    if nodes.loopback:
+        args += ["--local-addr", "127.0.0.1"]
+    return args, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def launch(nproc: int, command: Sequence[str], *, module: bool = True, max_restarts: int = 0,
            rdzv_endpoint: str = "127.0.0.1:0", monitor_interval_s: float = 0.1,
-           env: dict[str, str] | None = None) -> None:
+           env: dict[str, str] | None = None, nodes: NodeSpec | None = None,
+           dist_timeout_s: float | None = None) -> None:
     """Run ``python -m command...`` (``module=True``) or ``python command...`` in ``nproc`` processes.
 
-    Returns when every worker exits 0; raises :class:`WorkerFailedError` otherwise.
+    ``nodes``: this node's part of a multi-node job (``nproc`` processes here). ``dist_timeout_s``:
+    the workers' collective timeout (``HOTLOOP_DIST_TIMEOUT_S``). Returns when every worker exits
+    0; raises :class:`WorkerFailedError` otherwise.
     """
     if nproc < 1:
         raise LaunchError(f"--nproc must be >= 1, got {nproc}")
@@ -148,14 +171,21 @@ def launch(nproc: int, command: Sequence[str], *, module: bool = True, max_resta
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    if dist_timeout_s is not None and not dist_timeout_s > 0:
+        raise LaunchError(f"--dist-timeout must be > 0 seconds, got {dist_timeout_s:g}")
+    rendezvous, worker_env = _rendezvous_args(nodes, rdzv_endpoint)
+    if dist_timeout_s is not None:
+        worker_env[TIMEOUT_ENV] = f"{dist_timeout_s:g}"
+    if nodes is not None and max_restarts > 0:
+        worker_env[ELASTIC_ENV] = "1"
     log_dir = Path(tempfile.mkdtemp(prefix="hotloop-launch-"))   # per-rank stdout/stderr copies
-    argv = ["--nnodes", "1", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+    argv = [*rendezvous, "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
             "--log-dir", str(log_dir), "--tee", "2",
-            "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", uuid.uuid4().hex,
             "--max-restarts", str(max_restarts), "--monitor-interval", str(monitor_interval_s)]
     argv += ["-m", *command] if module else list(command)
     saved = dict(os.environ)
     os.environ.update(env or {})
+    os.environ.update(worker_env)
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # torchrun's default, without its warning
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the agent runs here: workers die with it
     try:

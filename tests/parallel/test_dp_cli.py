@@ -22,48 +22,31 @@ REPO = Path(__file__).resolve().parents[2]
 CRASH_ONCE = textwrap.dedent('''
     """Rank 1's train reader of the default problem raises at batch 3 of torchrun attempt 0;
     on a restart, rank 0 records where its reader started (3 after a resume from step 2)."""
-    import os
+    import os, sys
     from pathlib import Path
-    from hotloop.problems.algorithmic import AlgorithmicProblem
+    sys.path.insert(0, os.environ["HOOKS_DIR"])
+    from reader_hooks import install
 
-    class _CrashOnce:
-        def __init__(self, reader):
-            self.reader = reader
-        def __iter__(self):
-            attempt, rank = os.environ.get("TORCHELASTIC_RESTART_COUNT"), os.environ.get("RANK")
-            marks = Path(os.environ["CRASH_DIR"])
-            for batch in self.reader:
-                produced = self.reader.state_dict()["index"]   # batches of this epoch so far
-                if attempt != "0" and rank == "0" and not (marks / "restart_first_batch").exists():
-                    (marks / "restart_first_batch").write_text(str(produced))
-                if produced == 3 and rank == "1" and attempt == "0":
-                    (marks / "crashed").write_text("crashed")
-                    raise RuntimeError("injected reader failure")
-                yield batch
-        def __len__(self):
-            return len(self.reader)
-        def state_dict(self):
-            return self.reader.state_dict()
-        def load_state_dict(self, state):
-            self.reader.load_state_dict(state)
-        def set_epoch(self, epoch):
-            self.reader.set_epoch(epoch)
+    def crash_once(reader):
+        attempt, rank = os.environ.get("TORCHELASTIC_RESTART_COUNT"), os.environ.get("RANK")
+        marks = Path(os.environ["CRASH_DIR"])
+        produced = reader.state_dict()["index"]   # batches of this epoch so far
+        if attempt != "0" and rank == "0" and not (marks / "restart_first_batch").exists():
+            (marks / "restart_first_batch").write_text(str(produced))
+        if produced == 3 and rank == "1" and attempt == "0":
+            (marks / "crashed").write_text("crashed")
+            raise RuntimeError("injected reader failure")
 
-    _reader = AlgorithmicProblem.reader
-
-    def _crashing_reader(self, split, hp, **kwargs):
-        inner = _reader(self, split, hp, **kwargs)
-        return _CrashOnce(inner) if split == "train" else inner
-
-    AlgorithmicProblem.reader = _crashing_reader
+    install(crash_once)
 ''')
+
 
 
 @pytest.mark.timeout(150)
 def test_nproc_2_default_problem_crash_restart_resume(tmp_path: Path) -> None:
     (tmp_path / "crash_once.py").write_text(CRASH_ONCE)
     out = tmp_path / "run"
-    env = {**os.environ, "CRASH_DIR": str(tmp_path),
+    env = {**os.environ, "CRASH_DIR": str(tmp_path), "HOOKS_DIR": str(Path(__file__).parent),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-m", "hotloop", "train", "--nproc", "2", "--max-restarts", "1",

@@ -89,17 +89,17 @@ def test_rank_killed_by_a_signal_fails_the_job_naming_rank_and_signal(tmp_path: 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_hung_rank_times_out_and_fails_the_job(tmp_path: Path, worker_env: None) -> None:
-    """Rank 1 stops answering; rank 0's barrier times out after HOTLOOP_DIST_TIMEOUT_S (3 s here)."""
+    """Rank 1 stops answering; rank 0's barrier times out after ``--dist-timeout`` (3 s here)."""
     from hotloop.parallel import WorkerFailedError
     from hotloop.parallel.launch import launch
     start = time.monotonic()
     with pytest.raises(WorkerFailedError) as info:
         launch(2, [__file__, "--worker", "--hang-rank", "1", "--out", str(tmp_path)], module=False,
-               env={"HOTLOOP_DIST_TIMEOUT_S": "3"})
+               dist_timeout_s=3)
     waited = time.monotonic() - start
     root_cause = str(info.value).splitlines()[0]
     assert "rank 0 (" in root_cause and "timed out" in root_cause.lower(), str(info.value)
-    assert waited < 60           # neither the 120 s sleep nor the default 180 s timeout: 3 s did it
+    assert waited < 60           # neither the 120 s sleep nor the default 1800 s timeout: 3 s did it
     _survivor_stopped(tmp_path / "pid_1")
 
 
