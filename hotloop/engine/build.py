@@ -19,6 +19,7 @@ from ..hparams import HParams
 from ..models.base import LossOutput
 from ..optim import build_optimizer, sparse_gradient_modules
 from ..problems.base import Batch
+from .activation_ckpt import set_activation_checkpointing
 from .backends import Backend, EagerBackend
 from .precision import Precision
 from .precision_notices import precision_notices
@@ -134,6 +135,17 @@ def _use_formulation(model: nn.Module, strategy: Strategy) -> list[str]:
     return [f"formulation: {', '.join(f'{k}={v}' for k, v in changed.items())}"] if changed else []
 
 
+def _checkpoint_blocks(model: nn.Module, strategy: Strategy) -> list[str]:
+    """Turn the Strategy's activation checkpointing on or off on ``model``'s blocks; the report lines."""
+    blocks = set_activation_checkpointing(model, strategy.activation_checkpointing)
+    if not strategy.activation_checkpointing:
+        return []
+    if not blocks:
+        return ["activation checkpointing: the model names no blocks (nothing recomputed)"]
+    kinds = sorted({type(b).__name__ for b in blocks})
+    return [f"activation checkpointing: {len(blocks)} blocks ({', '.join(kinds)}) recomputed in backward"]
+
+
 def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: LossFn | None = None,
                optimizer: OptimizerFactory | None = None, wrap: WrapFn | None = None,
                max_grad_norm: float | None = None) -> BuiltStep:
@@ -147,7 +159,7 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     device = params[0].device if params else torch.device("cpu")
     strategy.validate(device)
     validate_for_model(strategy, model)
-    report = _use_formulation(model, strategy)
+    report = _use_formulation(model, strategy) + _checkpoint_blocks(model, strategy)
     notices = precision_notices(strategy.precision, device, model)
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # before the optimizer: parameters keep identity

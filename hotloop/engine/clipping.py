@@ -19,7 +19,13 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["clip_grad_norm", "clip_via_lr", "clip_via_lr_unavailable"]
+__all__ = ["clip_grad_norm", "clip_via_lr", "clip_via_lr_unavailable", "plain"]
+
+
+def plain(value: Tensor) -> Tensor:
+    """A replicated ``DTensor`` (a norm over FSDP's sharded gradients) as the tensor each rank holds."""
+    full = getattr(value, "full_tensor", None)          # only a DTensor has it
+    return full() if callable(full) else value
 
 
 def _norm_and_factor(params: Sequence[Tensor], max_norm: float) -> tuple[list[Tensor], Tensor, Tensor]:
@@ -39,10 +45,10 @@ def clip_grad_norm(params: Sequence[Tensor], max_norm: float) -> Tensor:
     and write of every gradient) is skipped: multiplying by 1.0 is the identity.
     """
     grads, total, factor = _norm_and_factor(params, max_norm)
-    if all(g.device.type == "cpu" for g in grads) and bool(factor == 1.0):
-        return total
+    if all(g.device.type == "cpu" for g in grads) and bool(plain(factor) == 1.0):
+        return plain(total)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
-    return total
+    return plain(total)
 
 
 def _plain_sgd_problem(optimizer: torch.optim.Optimizer) -> str | None:
@@ -59,9 +65,6 @@ def _plain_sgd_problem(optimizer: torch.optim.Optimizer) -> str | None:
 
 def clip_via_lr_unavailable(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
     """Why the clip cannot be folded into this step's update (None: it can)."""
-    wrapped = getattr(optimizer, "wrapped_class", None)       # a data-parallel sharded optimizer
-    if wrapped is not None:
-        return f"the update is sharded across ranks ({wrapped.__name__} inside {type(optimizer).__name__})"
     problem = _plain_sgd_problem(optimizer)
     if problem is not None:
         return problem
@@ -77,7 +80,7 @@ def clip_via_lr(optimizer: torch.optim.Optimizer, params: Sequence[Tensor], max_
     (computed as torch does), every group's learning rate is ``lr * c`` for this step only.
     """
     _, total, factor_tensor = _norm_and_factor(params, max_norm)
-    factor = float(factor_tensor)                               # CPU gradients: no device sync
+    factor = float(plain(factor_tensor))                        # CPU gradients: no device sync
     rates = [group["lr"] for group in optimizer.param_groups]
     if factor != 1.0:
         for group, lr in zip(optimizer.param_groups, rates):
@@ -87,4 +90,4 @@ def clip_via_lr(optimizer: torch.optim.Optimizer, params: Sequence[Tensor], max_
     finally:
         for group, lr in zip(optimizer.param_groups, rates):
             group["lr"] = lr
-    return total
+    return plain(total)

@@ -53,8 +53,11 @@ class Strategy:
     num_workers: int = 0
     speed_test: bool = False            # serve one prepared batch repeatedly (compute-only)
     # data parallel
-    data_parallel: str = "none"         # "none" | "allreduce" | "reduce"
+    data_parallel: str = "none"         # "none" | "allreduce" (DDP) | "reduce" (ZeRO-1) | "fsdp" (FSDP2)
     bucket_mb: float = 25.0
+    reshard_after_forward: bool = True  # fsdp: free each block's gathered parameters after its forward
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
+    memory_budget_gb: float = 0.0       # auto's layout choice: bytes a rank may hold (0: the device's)
     # formulation: how the model computes the same math (models/formulation.py; read by the
     # models that name them in ``formulation_fields``). Every default is the plain fp32 one.
     lstm_impl: str = "fused"            # "fused" (nn.LSTM) | "unrolled" | "hoisted" | "bptt"
@@ -146,7 +149,7 @@ class Strategy:
         """Every check of :meth:`validate` (raises :class:`StrategyError`)."""
         choices = {"backend": ("eager", "graph", "inductor"), "executor": ("serial", "parallel"),
                    "precision": ("fp32", "bf16", "fp16"),
-                   "data_parallel": ("none", "allreduce", "reduce")}
+                   "data_parallel": ("none", "allreduce", "reduce", "fsdp")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise StrategyError(f"strategy {name}={getattr(self, name)!r}; choose one of {list(allowed)}")
@@ -157,6 +160,9 @@ class Strategy:
             raise StrategyError("strategy sync_every must be >= 1")
         if self.bucket_mb <= 0:
             raise StrategyError("strategy bucket_mb must be > 0")
+        if self.memory_budget_gb < 0:
+            raise StrategyError("strategy memory_budget_gb must be >= 0 (0: the device's memory)")
+        _check_sharding(self)
         if device.type != "cuda":
             for name in ("cuda_graphs", "cudnn_benchmark", "tf32"):
                 if getattr(self, name):
@@ -192,6 +198,17 @@ class Strategy:
         if self.cuda_graphs and self.backend != "inductor":
             raise StrategyError("strategy cuda_graphs=True is served by torch.compile's "
                                 "reduce-overhead mode: set backend=inductor")
+
+
+def _check_sharding(strategy: Strategy) -> None:
+    """FSDP and activation checkpointing run on autograd as written (eager; inductor for checkpointing)."""
+    if strategy.data_parallel == "fsdp" and strategy.backend != "eager":
+        raise StrategyError(f"strategy data_parallel=fsdp runs with backend=eager (backend is {strategy.backend!r})")
+    if strategy.data_parallel == "fsdp" and strategy.precision == "fp16":
+        raise StrategyError("strategy data_parallel=fsdp with precision=fp16: use precision=bf16 "
+                            "(a loss scaler would see only this rank's gradient shard)")
+    if strategy.activation_checkpointing and strategy.backend == "graph":
+        raise StrategyError("strategy activation_checkpointing=True runs with backend=eager or inductor")
 
 
 def _typed(key: str, value: Any, typ: Any) -> Any:

@@ -8,10 +8,9 @@ from .errors import (LaunchError, ParallelError, ShardedStateError, ShardingErro
                      WorkerFailedError)
 from .group import DistEnv, init_process_group, is_distributed_env, read_env
 from .launch import launch, worker_entry
-from .sharded_optimizer import ShardedOptimizer, contiguous_owners, optimizer_state_bytes
+from .zero import optimizer_state_bytes
 from .sharding import ShardedReader, shard_rows
 
 __all__ = ["ProcessGroupContext", "LaunchError", "ParallelError", "ShardedStateError",
            "ShardingError", "WorkerFailedError", "DistEnv", "init_process_group",
-           "is_distributed_env", "read_env", "launch", "worker_entry", "ShardedOptimizer", "contiguous_owners",
-           "optimizer_state_bytes", "ShardedReader", "shard_rows"]
+           "is_distributed_env", "read_env", "launch", "worker_entry", "optimizer_state_bytes", "ShardedReader", "shard_rows"]

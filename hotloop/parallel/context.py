@@ -6,9 +6,11 @@ consolidate_optimizer_state``. Modes (``Strategy.data_parallel``):
 
 - ``"allreduce"``: DDP; gradients all-reduced in fused buckets of
   ``Strategy.bucket_mb`` while backward runs (Paddle's fuse_all_reduce_ops).
-- ``"reduce"``: Paddle's Reduce mode (ZeRO-1): gradients reduced to the rank
-  that owns each parameter, owners update their shard of the parameters and
-  optimizer state, updated parameters broadcast in fused buckets.
+- ``"reduce"``: ZeRO stage 1: DDP, plus torch's ``ZeroRedundancyOptimizer``
+  (each rank updates and keeps the optimizer state of its partition of the
+  parameters, then broadcasts them; :mod:`hotloop.parallel.zero`).
+- ``"fsdp"``: FSDP2: parameters, gradients and optimizer state sharded per
+  block (:mod:`hotloop.parallel.fsdp`).
 
 ``"none"`` with more than one process means ``"allreduce"`` (ranks must
 agree on the gradients).
@@ -23,11 +25,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .errors import LaunchError
+from .fsdp import FSDPConfig, FSDPModel, shard_model
+from .fsdp_state import full_optimizer_state, load_full_optimizer_state
 from .group import init_process_group
-from .owner_reduce import OwnerReduce, register_owner_reduce
 from .routing import RoutedModel, route_through_ddp
-from .sharded_optimizer import ShardedOptimizer
 from .sharding import ShardedReader
+from .zero import ZeroRedundancyOptimizer, zero_optimizer
 
 __all__ = ["ProcessGroupContext"]
 
@@ -37,13 +40,15 @@ class ProcessGroupContext:
     """One rank of a data-parallel job (the default process group must be initialised)."""
 
     def __init__(self, mode: str = "allreduce", bucket_mb: float = 25.0, *,
-                 find_unused_parameters: bool = False, group: Any = None) -> None:
+                 find_unused_parameters: bool = False, group: Any = None,
+                 fsdp: FSDPConfig | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise LaunchError("torch.distributed is not initialised; use ProcessGroupContext.from_env()")
-        if mode not in ("none", "allreduce", "reduce"):
-            raise LaunchError(f"data_parallel mode {mode!r}; choose allreduce or reduce")
+        if mode not in ("none", "allreduce", "reduce", "fsdp"):
+            raise LaunchError(f"data_parallel mode {mode!r}; choose allreduce, reduce or fsdp")
         self.mode = "allreduce" if mode == "none" else mode
         self.bucket_mb = float(bucket_mb)
+        self.fsdp = fsdp or FSDPConfig()
         self.find_unused_parameters = find_unused_parameters
         self.group = group
         self.rank = dist.get_rank(group)
@@ -53,7 +58,6 @@ class ProcessGroupContext:
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.backend == "nccl" else torch.device("cpu"))
         self.routed: RoutedModel | None = None
-        self.owner_reduce: OwnerReduce | None = None
 
     @classmethod
     def from_env(cls, mode: str = "allreduce", bucket_mb: float = 25.0, *, backend: str | None = None,
@@ -67,8 +71,9 @@ class ProcessGroupContext:
 
     @classmethod
     def for_strategy(cls, strategy: Any) -> "ProcessGroupContext":
-        """A context (in the already joined job) whose mode and bucket size are ``strategy``'s."""
-        return cls(strategy.data_parallel, strategy.bucket_mb)
+        """A context (in the already joined job) whose mode, bucket size and FSDP settings are ``strategy``'s."""
+        return cls(strategy.data_parallel, strategy.bucket_mb,
+                   fsdp=FSDPConfig(strategy.precision, strategy.reshard_after_forward))
 
     def broadcast_text(self, text: str | None) -> str:
         """The main rank's ``text`` on every rank (UTF-8 bytes in a tensor; nothing is unpickled)."""
@@ -85,29 +90,27 @@ class ProcessGroupContext:
     # -- model and optimizer ------------------------------------------------------------
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer
              ) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-        """Route ``model``'s training calls through DDP; in Reduce mode also shard ``optimizer``.
+        """Route ``model``'s training calls through DDP (or shard it with FSDP2); in Reduce mode
+        also shard ``optimizer``.
 
         Returns ``(model, optimizer, no_sync)``: the same model object (its
         ``loss``/``forward`` now synchronise gradients), the optimizer to step
-        (a :class:`ShardedOptimizer` in Reduce mode) and ``no_sync()`` for
-        gradient-accumulation micro-steps.
+        (a ``ZeroRedundancyOptimizer`` in Reduce mode; under FSDP the same optimizer over
+        the sharded parameters) and ``no_sync()`` for gradient-accumulation micro-steps.
         """
         if self.routed is not None:
             raise LaunchError("ProcessGroupContext.wrap() was already called; use one context per model")
+        if self.mode == "fsdp":
+            self.routed = shard_model(model, optimizer, self.fsdp, device=self.device, group=self.group)
+            return model, optimizer, self.routed.no_sync
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp_kwargs = dict(device_ids=device_ids, bucket_cap_mb=self.bucket_mb,
                           forward_sync_buffers=False, gradient_as_bucket_view=True,
                           find_unused_parameters=self.find_unused_parameters,
                           process_group=self.group)
         if self.mode == "reduce":
-            optimizer = ShardedOptimizer(optimizer, rank=self.rank, world_size=self.world_size,
-                                         bucket_mb=self.bucket_mb, group=self.group)
-            self.routed = route_through_ddp(model, **ddp_kwargs)
-            self.owner_reduce = register_owner_reduce(
-                self.routed.ddp, optimizer.all_params, optimizer.owners, self.rank,
-                self.world_size, self.group)
-        else:
-            self.routed = route_through_ddp(model, **ddp_kwargs)
+            optimizer = zero_optimizer(optimizer, self.group)
+        self.routed = route_through_ddp(model, **ddp_kwargs)
         log.info("data parallel: %s over %d ranks (%s), buckets of %.1f MB", self.mode,
                  self.world_size, self.backend, self.bucket_mb)
         return model, optimizer, self.routed.no_sync
@@ -137,14 +140,25 @@ class ProcessGroupContext:
             dist.barrier(group=self.group)
 
     def consolidate_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Collective (call on every rank): the full optimizer ``state_dict``.
+        """Collective (call on every rank): the full optimizer ``state_dict`` on the main rank.
 
-        In Reduce mode the owners' shards are gathered; the result indexes all
-        parameters, so it loads into any world size (or a single process).
+        In Reduce and FSDP modes the shards are gathered to rank 0 (other ranks get ``{}``);
+        the result indexes all parameters in torch's layout, so it loads into any world
+        size, any mode or a single process.
         """
-        if isinstance(optimizer, ShardedOptimizer):
-            return optimizer.consolidated_state_dict()
+        if isinstance(self.routed, FSDPModel):
+            return full_optimizer_state(self.routed.model, optimizer)
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            optimizer.consolidate_state_dict(to=0)
+            return optimizer.state_dict() if self.is_main else {}
         return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Load a full optimizer ``state_dict`` (every rank passes it); a sharded optimizer keeps its part."""
+        if isinstance(self.routed, FSDPModel):
+            load_full_optimizer_state(self.routed.model, optimizer, state)
+        else:
+            optimizer.load_state_dict(state)
 
     def close(self, failed: bool = False) -> None:
         """Leave the process group (call once at the end of the job).

@@ -1,4 +1,4 @@
-"""Route a model's training calls through ``DistributedDataParallel``.
+"""Route a model's calls through a wrapper module (``DistributedDataParallel``, an FSDP root).
 
 DDP synchronises gradients only for work done inside its ``forward``. Models
 here are called as ``model.loss(batch, state)`` (and ``model(batch, state)``
@@ -7,7 +7,9 @@ patch the *instance's* ``forward`` and ``loss`` so that the outermost call in
 training mode goes through ``ddp(...)``. Calls nested inside it, and any call
 under ``torch.no_grad()`` or in eval mode (evaluation, decoding), run the
 model directly with no communication. The model object, its parameter names
-and its ``state_dict`` stay unchanged.
+and its ``state_dict`` stay unchanged. Under FSDP (``always=True``) every
+outermost call goes through the wrapper, whose hooks gather the root's
+parameters (:mod:`hotloop.parallel.fsdp`).
 """
 from __future__ import annotations
 
@@ -17,13 +19,14 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["RoutedModel", "route_through_ddp", "ROUTED_METHODS"]
+__all__ = ["RoutedModel", "MethodAdapter", "route_through", "route_through_ddp", "check_unrouted",
+           "ROUTED_METHODS"]
 
 ROUTED_METHODS = ("forward", "loss")
 
 
-class _MethodAdapter(nn.Module):
-    """The module DDP wraps: ``forward(name, *args)`` runs the model class's method ``name``."""
+class MethodAdapter(nn.Module):
+    """The module DDP (or FSDP, as its root) wraps: ``forward(name, *args)`` runs the model class's method ``name``."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -34,11 +37,18 @@ class _MethodAdapter(nn.Module):
 
 
 class RoutedModel:
-    """Keeps the DDP wrapper of a model and the routing flag (not an ``nn.Module``)."""
+    """Keeps the wrapper of a model and the routing flag (not an ``nn.Module``).
 
-    def __init__(self, model: nn.Module, ddp: DistributedDataParallel) -> None:
+    ``ddp`` is the module called (DDP, or the FSDP root); ``always``: route calls in eval mode
+    and under ``no_grad`` too; ``no_sync``: the wrapper's gradient-accumulation context.
+    """
+
+    def __init__(self, model: nn.Module, ddp: nn.Module, *, always: bool = False,
+                 no_sync: Callable[[], Any] | None = None) -> None:
         self.model = model
         self.ddp = ddp
+        self.always = always
+        self._no_sync = no_sync
         self.inside = False
 
     def method(self, name: str) -> Callable[..., Any]:
@@ -46,7 +56,7 @@ class RoutedModel:
         model = self.model
 
         def routed(*args: Any, **kwargs: Any) -> Any:
-            if self.inside or not (model.training and torch.is_grad_enabled()):
+            if self.inside or not (self.always or (model.training and torch.is_grad_enabled())):
                 return unbound(model, *args, **kwargs)
             self.inside = True
             try:
@@ -65,7 +75,7 @@ class RoutedModel:
 
     def no_sync(self) -> Any:
         """Context manager: backward inside it accumulates gradients locally (no communication)."""
-        return self.ddp.no_sync()
+        return self._no_sync() if self._no_sync is not None else self.ddp.no_sync()
 
     def unpatch(self) -> None:
         for name in ROUTED_METHODS:
@@ -73,14 +83,23 @@ class RoutedModel:
         self.model.__dict__.pop("_hotloop_routed", None)
 
 
-def route_through_ddp(model: nn.Module, **ddp_kwargs: Any) -> RoutedModel:
-    """Wrap ``model`` in DDP (``ddp_kwargs`` go to its constructor) and patch its methods in place."""
-    if "_hotloop_routed" in model.__dict__:
-        raise ValueError("this model is already wrapped for data parallel")
-    ddp = DistributedDataParallel(_MethodAdapter(model), **ddp_kwargs)
-    routed = RoutedModel(model, ddp)
+def route_through(routed: RoutedModel) -> RoutedModel:
+    """Patch ``routed.model``'s methods in place so that they go through ``routed.ddp``."""
+    model = routed.model
     for name in ROUTED_METHODS:
         if callable(getattr(type(model), name, None)):
             model.__dict__[name] = routed.method(name)  # instance attribute shadows the class method
     model.__dict__["_hotloop_routed"] = routed
     return routed
+
+
+def check_unrouted(model: nn.Module) -> None:
+    """Raise ``ValueError`` if ``model`` is already wrapped for data parallel."""
+    if "_hotloop_routed" in model.__dict__:
+        raise ValueError("this model is already wrapped for data parallel")
+
+
+def route_through_ddp(model: nn.Module, **ddp_kwargs: Any) -> RoutedModel:
+    """Wrap ``model`` in DDP (``ddp_kwargs`` go to its constructor) and patch its methods in place."""
+    check_unrouted(model)
+    return route_through(RoutedModel(model, DistributedDataParallel(MethodAdapter(model), **ddp_kwargs)))

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..engine.clipping import plain
 from ..errors import UserError
 
 __all__ = ["NonFiniteGuard", "NonFiniteLossError", "POLICIES"]
@@ -32,6 +33,18 @@ POLICIES = ("stop", "skip")
 
 class NonFiniteLossError(UserError, FloatingPointError):
     """Training produced a non-finite loss or gradient under the ``stop`` policy."""
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """This rank's part of a ``DTensor`` (an FSDP shard, a view written in place), else ``tensor``."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _held_state(optimizer: torch.optim.Optimizer) -> Any:
+    """Where the optimizer keeps its per-parameter state (a ZeRO optimizer: its local optimizer)."""
+    local = getattr(optimizer, "optim", None)
+    return local.state if isinstance(local, torch.optim.Optimizer) else optimizer.state
 
 
 class NonFiniteGuard:
@@ -67,10 +80,12 @@ class NonFiniteGuard:
         if not params:
             return
         norms = torch._foreach_norm([p.grad for p in params])                   # one [] per tensor
-        bad = ~torch.isfinite(torch.stack([n.float() for n in norms])).all()   # [] bool
+        # [] bool; over FSDP's gradient shards the norms are DTensors and all ranks agree on it
+        bad = plain(~torch.isfinite(torch.stack([n.float() for n in norms])).all())
         self._grads_bad = bad if self._grads_bad is None else self._grads_bad | bad
-        saved = [(p, p.detach().clone()) for p in params]
-        state = {id(p): {k: v.clone() for k, v in optimizer.state.get(p, {}).items() if isinstance(v, Tensor)}
+        saved = [(p, _local(p).detach().clone()) for p in params]
+        held = _held_state(optimizer)
+        state = {id(p): {k: _local(v).clone() for k, v in held.get(p, {}).items() if isinstance(v, Tensor)}
                  for p in params}
         self._pending[id(optimizer)] = (bad, saved, state)
 
@@ -80,11 +95,13 @@ class NonFiniteGuard:
         if pending is None:
             return
         bad, saved, saved_state = pending
+        held = _held_state(optimizer)
         for param, before in saved:
-            param.copy_(torch.where(bad, before, param))
+            _local(param).copy_(torch.where(bad, before, _local(param)))
             old_state = saved_state.get(id(param), {})
-            for key, value in optimizer.state.get(param, {}).items():
+            for key, value in held.get(param, {}).items():
                 if isinstance(value, Tensor):
+                    value = _local(value)
                     old = old_state.get(key)
                     old = old if old is not None else torch.zeros_like(value)
                     value.copy_(torch.where(bad.to(value.device), old, value))

@@ -4,11 +4,13 @@ Every component of a checkpoint has ``state_dict()`` (tensors and plain data) an
 ``load_state_dict(state)``. The schedule, the callbacks, the :class:`Precision`, the
 feeder and the :class:`TrainState` are components as they are; this module adds:
 
-- :class:`ModelState`: the model's parameters and buffers; a checkpoint that does not
-  fit says so in one line (:class:`StateMismatch`).
+- :class:`ModelState`: the model's parameters and buffers (an FSDP-sharded model's gathered
+  to the main rank, :mod:`hotloop.parallel.fsdp_state`); a checkpoint that does not fit says
+  so in one line (:class:`StateMismatch`).
 - :class:`OptimizerState`: the optimizer state gathered across ranks (the context's
-  ``consolidate_optimizer_state``, a collective); loading keeps this run's kernel choice
-  (``foreach``/``fused``, ``strategy.fused_optimizer``).
+  ``consolidate_optimizer_state``, a collective; loading through its ``load_optimizer_state``
+  when it has one); loading keeps this run's kernel choice (``foreach``/``fused``,
+  ``strategy.fused_optimizer``).
 - :class:`GlobalRNG`: the Python, numpy and torch (and CUDA, on a CUDA run) generators.
 """
 from __future__ import annotations
@@ -52,13 +54,23 @@ class ModelState:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
+    def _sharded(self) -> bool:
+        return any(hasattr(p, "full_tensor") for p in self.model.parameters())   # DTensors: FSDP
+
     def state_dict(self) -> dict[str, Any]:
+        if self._sharded():
+            from ..parallel.fsdp_state import full_model_state
+            return full_model_state(self.model)
         return self.model.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
-            self.model.load_state_dict(state)
-        except RuntimeError as exc:
+            if self._sharded():
+                from ..parallel.fsdp_state import load_full_model_state
+                load_full_model_state(self.model, state)
+            else:
+                self.model.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError) as exc:
             first = str(exc).strip().splitlines()
             detail = " ".join(line.strip() for line in first[:3])[:300]
             raise StateMismatch(f"does not fit this model: {detail}") from None
@@ -76,8 +88,12 @@ class OptimizerState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         groups = self.optimizer.param_groups
         execution = [{k: g[k] for k in _GROUP_EXECUTION_KEYS if k in g} for g in groups]
+        load = getattr(self.dist, "load_optimizer_state", None)
         try:
-            self.optimizer.load_state_dict(state)
+            if load is not None:
+                load(self.optimizer, state)
+            else:
+                self.optimizer.load_state_dict(state)
         except (ValueError, KeyError, RuntimeError) as exc:
             raise StateMismatch(f"has optimizer state that does not fit: {exc}") from None
         for group, keys in zip(self.optimizer.param_groups, execution):

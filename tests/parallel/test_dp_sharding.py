@@ -1,4 +1,4 @@
-"""Splitting readers over ranks, parameter ownership, and the image problem / conv model (no processes)."""
+"""Splitting readers over ranks, and the image problem / conv model (no processes)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hotloop.data import stream_windows
-from hotloop.parallel import ShardedReader, ShardingError, contiguous_owners, shard_rows
+from hotloop.parallel import ShardedReader, ShardingError, shard_rows
 from hotloop.problems.algorithmic import IndexedReader
 
 
@@ -64,13 +64,6 @@ def test_stages_after_sharding_are_refused() -> None:
         ShardedReader(_reader(4), 0, 2).prefetch(2)
     with pytest.raises(ShardingError):
         shard_rows(["not", "a", "batch"], 0, 2)
-
-
-def test_contiguous_owners_are_monotone_and_balanced() -> None:
-    assert contiguous_owners([10] * 8, 4) == [0, 0, 1, 1, 2, 2, 3, 3]
-    owners = contiguous_owners([5, 100, 3, 40, 40, 7, 1], 3)
-    assert owners == sorted(owners) and set(owners) == {0, 1, 2}
-    assert contiguous_owners([1, 2], 1) == [0, 0]
 
 
 def test_image_problem_is_resumable_and_conv_net_serves_it() -> None:

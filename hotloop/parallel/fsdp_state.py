@@ -1,0 +1,77 @@
+"""Single-file checkpoints of an FSDP-sharded model and optimizer (``torch.distributed.checkpoint.state_dict``).
+
+The model's and optimizer's states go through ``get_model_state_dict`` /
+``get_optimizer_state_dict`` with ``StateDictOptions(full_state_dict=True,
+cpu_offload=True)``: a collective every rank calls, after which rank 0 holds the full,
+unsharded state on the CPU (other ranks get ``{}``). Loading gives every rank the full
+state and ``set_model_state_dict`` / ``set_optimizer_state_dict`` keep its shard.
+
+The optimizer state is kept in torch's own layout (parameters numbered in the order of
+the optimizer's groups, as ``Optimizer.state_dict()`` gives it), not torch.distributed's
+parameter-name layout, so a checkpoint of an FSDP run resumes under DDP, ZeRO-1 or one
+process, and the other way round.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.tensor import DTensor
+
+__all__ = ["is_sharded", "full_model_state", "load_full_model_state", "full_optimizer_state",
+           "load_full_optimizer_state", "FULL_ON_RANK0"]
+
+#: the full state on rank 0's CPU (what a single-file checkpoint holds)
+FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_FULL_EVERYWHERE = StateDictOptions(full_state_dict=True)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a ``DTensor`` (sharded by FSDP)."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def full_model_state(model: nn.Module) -> dict[str, Any]:
+    """Collective: the full model ``state_dict`` on rank 0 (CPU tensors), ``{}`` elsewhere."""
+    return get_model_state_dict(model, options=FULL_ON_RANK0)
+
+
+def load_full_model_state(model: nn.Module, state: dict[str, Any]) -> None:
+    """Load a full (unsharded) model ``state_dict`` given on every rank; each keeps its shard."""
+    set_model_state_dict(model, state, options=_FULL_EVERYWHERE)
+
+
+def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The parameter name of each optimizer slot, in group order."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Collective: the full optimizer ``state_dict`` (torch's numbered layout) on rank 0, ``{}`` elsewhere."""
+    by_name = get_optimizer_state_dict(model, optimizer, options=FULL_ON_RANK0)
+    if not by_name:
+        return {}
+    index = {name: i for i, name in enumerate(_names(model, optimizer))}
+    state = {index[name]: value for name, value in by_name["state"].items()}
+    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": [index[n] for n in group["params"]]}
+              for group in by_name["param_groups"]]
+    return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a full optimizer ``state_dict`` (torch's numbered layout, given on every rank); each
+    rank keeps its shard. Raises ``ValueError`` when the groups do not fit."""
+    names = _names(model, optimizer)
+    groups = state.get("param_groups")
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if not isinstance(groups, list) or [len(g.get("params", ())) for g in groups] != sizes:
+        raise ValueError(f"the saved parameter groups do not match this optimizer's (sizes {sizes})")
+    by_name = {"state": {names[int(i)]: value for i, value in state.get("state", {}).items()},
+               "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
+                                 "params": [names[int(i)] for i in g["params"]]} for g in groups]}
+    set_optimizer_state_dict(model, optimizer, by_name, options=_FULL_EVERYWHERE)
