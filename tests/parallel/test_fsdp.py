@@ -219,3 +219,28 @@ def test_trainer_resume_under_fsdp(runs: dict, tmp_path: Path) -> None:
     trainer = trainer_run(tmp_path, 6)
     trainer.fit(resume=CheckpointManager(runs["dir"] / "fsdp5" / "checkpoints").latest())
     assert trainer.step == 6
+
+
+def one_process_run(checkpointing: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+    from hotloop.engine.build import build_step
+    torch.manual_seed(0)
+    model = BERT(HP, SPEC)
+    built = build_step(model, HP, Strategy(activation_checkpointing=checkpointing))
+    assert any("activation checkpointing: 2 blocks" in line for line in built.step.report) == checkpointing
+    torch.manual_seed(1)
+    losses = [float(built.step(batches(0, 2)).loss) for _ in range(2)]
+    return losses, full_params(model)
+
+
+def test_activation_checkpointing_in_one_process_is_bitwise_equal() -> None:
+    (plain_losses, plain), (ckpt_losses, ckpt) = one_process_run(False), one_process_run(True)
+    assert ckpt_losses == plain_losses
+    for name, value in plain.items():
+        assert torch.equal(ckpt[name], value), name
+
+
+def test_strategy_refuses_fsdp_where_it_cannot_run() -> None:
+    from hotloop.errors import StrategyError
+    for fields, needle in (({"backend": "graph"}, "backend=eager"), ({"precision": "fp16"}, "bf16")):
+        with pytest.raises(StrategyError, match=needle):
+            Strategy(data_parallel="fsdp", **fields).validate("cuda" if "precision" in fields else "cpu")
