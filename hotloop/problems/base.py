@@ -36,9 +36,9 @@ Batch = dict[str, torch.Tensor]
 class ProblemSpec:
     """What a model needs to know about a problem (no data access)."""
 
-    task: str                      # "seq2seq" | "lm" | "classify"
-    input_vocab_size: int
-    target_vocab_size: int
+    task: str                      # "seq2seq" | "lm" | "classify" | ... ("custom": a model of your own)
+    input_vocab_size: int = 0      # 0: the inputs are not token ids (images, features) or need no size
+    target_vocab_size: int = 0     # 0: the targets are not token ids (regression) or need no size
     max_input_length: int = 0
     max_target_length: int = 0
     streamed: bool = False         # LM batches are contiguous streams (carry state)

@@ -3,7 +3,9 @@
 - :func:`run_hparams`: the hparams with this run's limits, checked for an end.
 - :func:`concrete_strategy`: the Strategy the run uses, checked against the device and
   the data-parallel context.
-- :func:`open_train_reader`, :func:`steps_per_epoch`: the (sharded) train reader.
+- :func:`open_train_reader`, :func:`steps_per_epoch`, :func:`reader_notices`: the (sharded) train
+  reader (a DataLoader, dataset or HF dataset given as the reader is wrapped by
+  :func:`hotloop.problems.datasets.reader_from_data`) and what it says at start.
 - :func:`place_model`: the model on the device, with the Strategy's process-wide device
   flags (threads, backend switches) applied.
 - :func:`build_training_step`: :func:`hotloop.engine.build_step` and what it reports.
@@ -26,11 +28,14 @@ from ..engine.step_parts import LossFn
 from ..errors import UserError
 from ..hparams import HParams
 from ..problems.base import Problem, ProblemSpec, open_reader
+from ..problems.datasets import reader_from_data
 from .checkpoint import CheckpointManager
 from .context import DistContext
 
 __all__ = ["TrainerError", "run_hparams", "concrete_strategy", "open_train_reader", "steps_per_epoch",
-           "place_model", "build_training_step", "checkpoint_manager"]
+           "reader_notices", "place_model", "build_training_step", "checkpoint_manager"]
+
+_READER_PROTOCOL = ("state_dict", "load_state_dict", "set_epoch")
 
 
 class TrainerError(UserError, ValueError):
@@ -73,7 +78,18 @@ def open_train_reader(problem: Problem, hp: HParams, spec: ProblemSpec, strategy
     if reader is None:
         reader = open_reader(problem, "train", hp, workers=strategy.num_workers,
                              shuffle=None if spec.streamed else True)
+    elif not all(hasattr(reader, name) for name in _READER_PROTOCOL):
+        reader = reader_from_data(reader, hp, spec=spec, workers=strategy.num_workers)
     return dist.shard_reader(reader)
+
+
+def reader_notices(reader: Any) -> list[str]:
+    """The ``notices`` of ``reader`` and of the readers it wraps (e.g. "replayed on resume")."""
+    notes: list[str] = []
+    while reader is not None:
+        notes.extend(getattr(reader, "notices", None) or ())
+        reader = getattr(reader, "reader", None) or getattr(reader, "upstream", None)
+    return notes
 
 
 def steps_per_epoch(reader: Any, accum_steps: int) -> int | None:

@@ -20,6 +20,7 @@ from ..engine.step_parts import LossFn
 from ..hparams import HParams, hparams_to_dict
 from ..optim import build_schedule
 from ..problems.base import Problem
+from ..problems.datasets import as_problem
 from .checkpoint import CheckpointError
 from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, Event
@@ -30,7 +31,7 @@ from .loggers import default_loggers
 from .nonfinite import NonFiniteGuard
 from .runfiles import write_run_files
 from .setup import (TrainerError, build_training_step, checkpoint_manager, concrete_strategy, open_train_reader,
-                    place_model, run_hparams, steps_per_epoch)
+                    place_model, reader_notices, run_hparams, steps_per_epoch)
 from .snapshot import checkpoint_contents, restore_components
 from .stateful import GlobalRNG, ModelState, OptimizerState, Stateful, seed_everything
 from .stopping import StopControl
@@ -57,6 +58,9 @@ class FitResult:
 class Trainer:
     """Trains ``model`` on ``problem`` with ``hp``; see ``docs/trainer_api.md``.
 
+    ``problem`` is a Problem, or data that :func:`~hotloop.problems.datasets.problem_from_data`
+    takes (a DataLoader, a Dataset, an HF ``datasets.Dataset``, ...).
+
     ``max_steps`` / ``max_epochs`` replace ``hp.max_steps`` / ``hp.max_epochs``
     (so LR schedules see them too); ``max_time`` is in seconds of this ``fit()``.
     Evaluation runs every ``eval_every`` steps (0 = off), at each epoch end and
@@ -70,7 +74,7 @@ class Trainer:
     :meth:`components`.
     """
 
-    def __init__(self, problem: Problem, model: nn.Module, hp: HParams, *,
+    def __init__(self, problem: Problem | Any, model: nn.Module, hp: HParams, *,
                  strategy: Strategy | None = None, device: str | torch.device = "cpu",
                  output_dir: str | Path | None = None, max_steps: int | None = None,
                  max_epochs: int | None = None, max_time: float | None = None,
@@ -81,6 +85,7 @@ class Trainer:
                  train_reader: Any = None, eval_readers: dict[str, Any] | None = None,
                  run_info: dict[str, Any] | None = None, on_nonfinite: str = "stop") -> None:
         self.hp = run_hparams(hp, max_steps, max_epochs, max_time)
+        problem = as_problem(problem)   # a DataLoader, Dataset or HF dataset: problem_from_data
         self.problem, self.spec = problem, problem.spec(self.hp)
         self.device = torch.device(device)
         self.train_state = TrainState(self.device)
@@ -101,6 +106,7 @@ class Trainer:
             split: (r, r.state_dict()) for split, r in (eval_readers or {}).items()}
         self.steps_per_epoch = steps_per_epoch(self.train_reader, self.hp.accum_steps)
         self.model, notices = place_model(model, self.strategy, self.device)
+        notices = reader_notices(self.train_reader) + notices
         built, step_notices = build_training_step(self.model, self.hp, self.strategy, self.dist, loss_fn)
         self.optimizer, self.precision, self.step_fn = built.optimizer, built.precision, built.step
         for note in notices + step_notices:
