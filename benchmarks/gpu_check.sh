@@ -1,42 +1,78 @@
 #!/usr/bin/env bash
-# The CUDA checks and benchmarks recorded in docs/gpu.md, as one script for a GPU machine.
+# The GPU checks and benchmarks recorded in docs/gpu.md, as one script for a short GPU slot (< 8 min on one H200).
 #
-#   OUT=out_gpu HOTLOOP_RAW_ROOT=<dir with ptb/ and multi30k/> bash benchmarks/gpu_check.sh
+#   HOTLOOP_RAW_ROOT=<dir with ptb/ and multi30k/> bash benchmarks/gpu_check.sh            # cuda, JSON in docs/data/gpu_check
+#   bash benchmarks/gpu_check.sh --device cpu --dry-run [--out DIR]                     # the same parts, tiny (CI)
+#   python benchmarks/gpu_report.py docs/data/gpu_check > docs/gpu.md                   # re-make docs/gpu.md
 #
-# Each part has its own time limit and a failing part does not stop the next one:
-#   1. the CUDA tests (engine parity per model and strategy, resume, decoding, detection ops, prefetch);
-#   2. benchmarks/zoo.py --device cuda (plain loop against hotloop's auto, interleaved);
-#   3. the default `hotloop train` on cuda;
-#   4. transformer_multi30k trained for MT_SECONDS on cuda, then test2016 BLEU (greedy).
+# Each part has its own time limit and a failing part does not stop the next one; every part writes
+# JSON into OUT (docs/data/gpu_check by default; a temporary folder for --dry-run):
+#   machine.json      the GPU (or CPU), torch, driver;
+#   tests.json        the CUDA tests (pytest's junit XML summarised; skipped cases named);
+#   zoo_full.json     benchmarks/zoo.py --size full: naive, expert, expert + torch.compile, hotloop auto;
+#   default.json      the default `hotloop train` (steps, wall time, final valid metrics);
+#   fsdp.json         one FSDP run (world size 1 exercises the NCCL/CUDA path), when data_parallel=fsdp exists;
+#   parts.json        each part's exit code and seconds.
 set -u -o pipefail
-OUT=${OUT:-out_gpu}
-MT_SECONDS=${MT_SECONDS:-80}
-mkdir -p "$OUT"
+DEVICE=cuda
+DRY=0
+OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE="$2"; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (use --device cpu|cuda, --dry-run, --out DIR)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$OUT" ]; then
+  if [ "$DRY" = 1 ]; then OUT="$(mktemp -d)"; else OUT=docs/data/gpu_check; fi
+fi
+mkdir -p "$OUT/logs"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+PARTS="$OUT/parts.jsonl"
+: > "$PARTS"
 
-section() { echo; echo "=== $1 ($(date +%T))"; }
+# part NAME LIMIT_S CMD...: run CMD under a time limit, log it, record its exit code and seconds
+part() {
+  local name="$1" limit="$2"; shift 2
+  echo; echo "=== $name ($(date +%T), limit ${limit}s)"
+  local start=$SECONDS
+  timeout --kill-after 10 "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
+  local rc=$?
+  tail -n 12 "$OUT/logs/$name.log"
+  echo "{\"part\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - start)), \"limit\": $limit}" >> "$PARTS"
+}
 
-section machine
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), 'bf16', torch.cuda.is_bf16_supported())"
-  lscpu | grep 'Model name'; nproc; } 2>&1 | tee "$OUT/machine.txt"
+if [ "$DRY" = 1 ]; then
+  ZOO_ARGS=(--size small --smoke --models se_resnext50)
+  TEST_FILES=(tests/engine/test_engine_cuda.py)
+  DEFAULT_ARGS=(--max-steps 10 --strategy default)
+  LIMITS=(60 180 120 120)
+else
+  ZOO_ARGS=(--size full --compile --compile-models se_resnext50,bert,transformer_base --rounds 3 --block 10
+            --tune-seconds 10)
+  TEST_FILES=(tests/engine/test_engine_cuda.py tests/ops tests/data/test_data_prefetch.py)
+  DEFAULT_ARGS=(--max-steps 600)
+  LIMITS=(100 270 45 40)
+fi
 
-section "CUDA tests"
-timeout 130 python3 -m pytest -q -p no:cacheprovider -n 6 -rs tests/engine/test_engine_cuda.py tests/ops \
-  tests/data/test_data_prefetch.py 2>&1 | tee "$OUT/tests.log" | tail -40
-
-section "zoo on cuda"
-timeout 220 python3 benchmarks/zoo.py --device cuda --rounds 5 --block 20 --tune-seconds 15 \
-  --json "$OUT/zoo_cuda.json" 2>&1 | tee "$OUT/zoo.log" | grep -v Warning
-
-section "default hotloop train on cuda"
-timeout 45 python3 -m hotloop train --device cuda --output-dir /tmp/hl_default --max-steps 600 2>&1 \
-  | tee "$OUT/default.log" | tail -8
-
-section "transformer_multi30k on cuda for ${MT_SECONDS} s"
-timeout $((MT_SECONDS + 40)) python3 -m hotloop train --device cuda --problem translate_multi30k_de_en \
-  --hparams transformer_multi30k --output-dir /tmp/hl_mt --max-time "$MT_SECONDS" 2>&1 \
-  | tee "$OUT/mt_train.log" | tail -6
-timeout 45 python3 -m hotloop eval --device cuda --output-dir /tmp/hl_mt --splits test --metrics bleu 2>&1 \
-  | tee "$OUT/mt_eval.log" | tail -6
-section done
+part machine 30 "$PY" benchmarks/gpu_report.py --machine "$DEVICE" --json "$OUT/machine.json"
+part cuda_tests "${LIMITS[0]}" "$PY" -m pytest -q -p no:cacheprovider -rs "${TEST_FILES[@]}" \
+  --junitxml "$WORK/tests.xml"
+"$PY" benchmarks/gpu_report.py --junit "$WORK/tests.xml" --json "$OUT/tests.json" || true
+part zoo "${LIMITS[1]}" "$PY" benchmarks/zoo.py --device "$DEVICE" "${ZOO_ARGS[@]}" --json "$OUT/zoo_full.json"
+part default_train "${LIMITS[2]}" "$PY" -m hotloop train --device "$DEVICE" --output-dir "$WORK/default" \
+  "${DEFAULT_ARGS[@]}"
+"$PY" benchmarks/gpu_report.py --run-dir "$WORK/default" --json "$OUT/default.json" || true
+if "$PY" -c "from hotloop.engine.strategy import Strategy; Strategy(data_parallel='fsdp').validate()" 2>/dev/null; then
+  part fsdp "${LIMITS[3]}" "$PY" -m hotloop train --device "$DEVICE" --nproc 1 --output-dir "$WORK/fsdp" \
+    --max-steps 20 --strategy default --strategy-override data_parallel=fsdp
+  "$PY" benchmarks/gpu_report.py --run-dir "$WORK/fsdp" --json "$OUT/fsdp.json" || true
+fi
+"$PY" -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; json.dump(rows, open(sys.argv[2], 'w'), indent=2)" \
+  "$PARTS" "$OUT/parts.json" && rm -f "$PARTS"
+echo; echo "=== done: JSON in $OUT (python benchmarks/gpu_report.py $OUT re-makes docs/gpu.md)"
