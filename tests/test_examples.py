@@ -21,7 +21,7 @@ def _example(name: str) -> dict:
 
 def test_examples_are_all_covered():
     covered = {"char_components.py", "write_char_data.py", "train_script.py", "train_from_dataset.py",
-               "char_caesar.yaml", "cyclegan_grid.py"}
+               "char_caesar.yaml", "cyclegan_grid.py", "train_dataloader.py", "train_hf_dataset.py"}
     assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == covered
 
 
@@ -62,6 +62,28 @@ def test_train_script(tmp_path, capsys):
 def test_train_from_dataset(capsys):
     metrics = _example("train_from_dataset.py")["main"](["--max-steps", "4"])
     assert metrics["examples"] == 200 and 0.0 < metrics["loss"] < 10.0
+
+
+def test_train_dataloader_as_a_script_and_through_the_command(tmp_path, capsys):
+    import sys
+    from hotloop.registry import import_user_module
+    path = str(EXAMPLES / "train_dataloader.py")
+    import_user_module(path)                       # the command's --import and the script share the module
+    metrics = sys.modules["train_dataloader"].main(["--max-steps", "4"])
+    assert metrics["examples"] == 512 and 0.0 < metrics["loss"] < 10.0
+    flags = ["--import", path, "--problem", "bars_loader", "--model", "bars_net", "--hparams", "bars_small",
+             "--output-dir", str(tmp_path / "run"), "--strategy", "default", "--loggers", "none"]
+    assert cli.main(["train", *flags, "--max-steps", "3"]) == 0
+    assert cli.main(["train", *flags, "--max-steps", "5", "--resume"]) == 0
+    out, err = capsys.readouterr()
+    assert "done: 5 steps" in out, err
+    assert cli.main(["eval", "--import", path, "--output-dir", str(tmp_path / "run")]) == 0
+    assert "valid: loss=" in capsys.readouterr().out
+
+
+def test_train_hf_dataset(capsys):
+    metrics = _example("train_hf_dataset.py")["main"](["--max-steps", "4"])
+    assert metrics["examples"] == 2000 and 0.0 < metrics["loss"] < 10.0
 
 
 def test_cyclegan_grid_writes_a_png_of_a_trained_run(tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ from ..errors import UserError
 from ..hparams import HParams
 from .base import Problem, ProblemSpec
 
-__all__ = ["problem_from_data", "reader_from_data", "as_problem", "DataProblem", "TOKEN_TASKS"]
+__all__ = ["problem_from_data", "reader_from_data", "as_problem", "DataProblem", "MissingSplitError", "TOKEN_TASKS"]
 
 SHUFFLE_BUFFER = 1 << 20   # larger than any in-memory dataset: a full permutation
 #: tasks whose models read ``inputs`` / ``targets`` as token ids (strings there are refused)
@@ -128,6 +128,10 @@ def reader_from_data(data: Any, hp: HParams, *, split: str = "train", seed: int 
     return reader
 
 
+class MissingSplitError(UserError, ValueError):
+    """The problem was given no data for this split (``hotloop eval`` reports it as not available)."""
+
+
 class DataProblem(Problem):
     """The problem :func:`problem_from_data` returns (splits held as given, nothing to prepare)."""
 
@@ -146,7 +150,7 @@ class DataProblem(Problem):
     def reader(self, split: str, hp: HParams, *, seed: int = 0, shuffle: bool | None = None,
                workers: int = 0) -> Reader:
         if split not in self.splits:
-            raise UserError(f"problem_from_data: no {split!r} data (given: {', '.join(self.splits)})")
+            raise MissingSplitError(f"problem_from_data: no {split!r} data (given: {', '.join(self.splits)})")
         return reader_from_data(self.splits[split], hp, split=split, seed=seed, shuffle=shuffle, workers=workers,
                                 spec=self._spec, collate_fn=self.collate_fn, columns=self.columns)
 
