@@ -104,7 +104,9 @@ def plan_strategy(request: StrategyRequest, *, model: nn.Module, problem: Proble
     """The run's one concrete Strategy: ``request.fixed()``, or the tuned one plus the overrides.
 
     In a multi-process job (``dist`` with ``world_size > 1``) only the main rank tunes;
-    the other ranks receive its choice, so every rank runs the same step.
+    the other ranks receive its choice, so every rank runs the same step. There, unless the
+    overrides fix ``data_parallel``, :func:`hotloop.tools.layout.choose_layout` picks DDP,
+    ZeRO-1 or FSDP from the bytes a rank would hold (and a timed step where several fit).
     """
     if not request.auto:
         return request.fixed().validate(device)      # checked by StrategyRequest.parse: trusted
@@ -116,6 +118,9 @@ def plan_strategy(request: StrategyRequest, *, model: nn.Module, problem: Proble
         text = dist.broadcast_text(json.dumps(chosen.to_dict()) if chosen is not None else None)
         chosen = Strategy.from_mapping(json.loads(text))
     assert chosen is not None
+    if distributed and "data_parallel" not in request.overrides:   # DDP, ZeRO-1 or FSDP by memory
+        from ..tools.layout import choose_layout
+        chosen = choose_layout(chosen, model=model, problem=problem, hp=hp, device=device, dist_ctx=dist, log=log)
     try:
         return chosen.validate(device)
     except StrategyError as exc:
