@@ -56,11 +56,15 @@ def _picklable(obj: Any) -> str | None:
 
 def fetch_stage(upstream: Reader, fn: Callable[[Any], Any], workers: int, what: str = "the dataset"
                 ) -> tuple[Reader, list[str]]:
-    """``upstream.map(fn)`` on ``workers`` processes (threads when ``fn`` does not pickle); the notices."""
+    """``upstream.map(fn)`` on ``workers`` processes (threads when ``fn`` does not pickle); the notices.
+
+    ``fn`` must treat each row of its batch alone (``rowwise``): a data-parallel rank then fetches
+    only its own rows (:mod:`hotloop.data.row_shard`).
+    """
     if workers <= 0:
-        return upstream.map(fn), []
+        return upstream.map(fn, rowwise=True), []
     why = _picklable(fn)
     if why is None:
-        return upstream.map(fn, workers=workers), []
+        return upstream.map(fn, workers=workers, rowwise=True), []
     return ThreadMap(upstream, fn, workers), [
         f"reader: {what} cannot be pickled for worker processes ({why}); it is read in {workers} threads"]

@@ -114,7 +114,7 @@ def reader_from_data(data: Any, hp: HParams, *, split: str = "train", seed: int 
         reader, notices = fetch_stage(indices.batch(hp.batch_size, collate=list), fetch, workers,
                                       what=f"the {split} dataset ({type(data).__name__})")
         if refuse:
-            reader = reader.map(TextCheck(refuse))   # in this process: a one-line error, not a worker's
+            reader = reader.map(TextCheck(refuse), rowwise=True)   # here: a one-line error, not a worker's
     else:
         if kind == "iterable_dataset":
             source: Reader = IterableSource(data)

@@ -39,7 +39,7 @@ class WhereRead(Items):
     """Items that say which process and thread read them."""
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        out = item(i)
+        out = super().__getitem__(i)
         out["pid"], out["thread"] = torch.tensor(os.getpid()), torch.tensor(threading.get_ident())
         return out
 

@@ -38,3 +38,11 @@ def test_a_dataset_that_does_not_pickle_is_read_in_threads():
     batches, notices = _read(dataset, 2)
     threads = {t for b in batches for t in b["thread"].tolist()}
     assert threading.get_ident() not in threads and len(notices) == 1 and "2 threads" in notices[0]
+
+
+def test_a_data_parallel_rank_fetches_only_its_own_rows():
+    whole = [b["index"].tolist() for b in problem_from_data(WhereRead()).reader("train", HP)]
+    dataset = WhereRead()
+    mine = [b["index"].tolist() for b in problem_from_data(dataset).reader("train", HP).shard(1, 2)]
+    assert mine == [rows[len(rows) // 2:] for rows in whole]
+    assert dataset.reads == sum(len(rows) for rows in mine)        # the other rank's items are not read
