@@ -21,7 +21,8 @@ def _example(name: str) -> dict:
 
 def test_examples_are_all_covered():
     covered = {"char_components.py", "write_char_data.py", "train_script.py", "train_from_dataset.py",
-               "char_caesar.yaml", "cyclegan_grid.py", "train_dataloader.py", "train_hf_dataset.py"}
+               "char_caesar.yaml", "cyclegan_grid.py", "train_dataloader.py", "train_hf_dataset.py",
+               "search.py", "search_space.yaml"}
     assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == covered
 
 
@@ -100,3 +101,10 @@ def test_cyclegan_grid_writes_a_png_of_a_trained_run(tmp_path, monkeypatch):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (4 * 32 * 2, 2 * 32 * 2)        # 4 panels x 2 rows of 32 px, upscaled 2x
+
+
+def test_search_example_finds_a_best_config(tmp_path, capsys):
+    best = _example("search.py")["main"](["--trials", "3", "--max-steps", "20", "--eval-every", "10",
+                                          "--output-dir", str(tmp_path / "s")])
+    assert {"learning_rate", "hidden_size", "dropout"} <= set(best["overrides"])
+    assert "best: trial" in capsys.readouterr().out

@@ -27,7 +27,7 @@ __all__ = ["main", "build_parser", "command_names", "load_command", "BUILTIN_COM
 
 #: modules of :mod:`hotloop.cli` that are commands, in the order ``hotloop --help`` lists them
 BUILTIN_COMMANDS = ("listing", "datagen", "train", "evaluate", "decode", "explain", "tune", "profile",
-                    "export", "bench")
+                    "export", "bench", "search")
 ENTRY_POINT_GROUP = "hotloop.commands"
 
 

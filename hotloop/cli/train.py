@@ -324,6 +324,7 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
                              max_time=args.max_time, log=print, dist=job)
     dist = job.for_strategy(strategy) if job is not None else None
     callbacks = build.run_callbacks(problem)
+    callbacks.extend(getattr(args, "extra_callbacks", ()))   # a caller's own (hotloop search's trial reporter)
     if args.eval_bleu:
         callbacks.append(BleuAtEval(args.eval_bleu))
     trainer = Trainer(problem, model, hp, strategy=strategy, device=args.device, output_dir=out,
