@@ -86,7 +86,9 @@ def trial_argv(args: argparse.Namespace, params: dict[str, Any], out: Path, stra
         if action.dest in _IN_STRATEGY or value is None or value == action.default:
             continue
         flag = action.option_strings[0]
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(action.option_strings[0 if value else 1])
+        elif isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             argv.append(flag)
         else:
             for item in value if isinstance(value, list) else [value]:

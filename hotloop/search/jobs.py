@@ -46,6 +46,7 @@ def _start(argv: Sequence[str], index: int, logs: Path) -> subprocess.Popen:
     try:
         return subprocess.Popen([sys.executable, "-m", "hotloop", "search", *argv, WORKER_FLAG, str(index)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 start_new_session=True,
                                 preexec_fn=_die_with_parent(os.getpid()) if sys.platform == "linux" else None)
     finally:

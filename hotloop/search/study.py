@@ -114,17 +114,7 @@ def claim_trial(trial: Any, directory: Path) -> None:
     """Record the process running ``trial`` and its output directory (for the stale check)."""
     trial.set_user_attr("pid", os.getpid())
     trial.set_user_attr("host", socket.gethostname())
-    trial.set_user_attr("output_dir", str(trial_dir(directory, trial.number)))
-
-
-def _process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    trial.set_user_attr("output_dir", str(trial_dir(directory, trial.number).resolve()))
 
 
 def _lock_free(path: str | None) -> bool:
@@ -144,7 +134,8 @@ def _is_stale(trial: Any, now: float) -> bool:
     if "pid" not in attrs:
         return now - started > STALE_UNCLAIMED_SECONDS
     if attrs.get("host") == socket.gethostname():
-        return int(attrs["pid"]) != os.getpid() and _process_gone(int(attrs["pid"]))
+        from ..train.runlock import _alive
+        return int(attrs["pid"]) != os.getpid() and not _alive(int(attrs["pid"]))
     # another machine: its trial directory's run lock says whether it still trains
     return now - started > STALE_UNCLAIMED_SECONDS and _lock_free(attrs.get("output_dir"))
 

@@ -118,7 +118,7 @@ def test_a_clearly_bad_trial_is_pruned_and_keeps_its_directory(tmp_path, capsys)
     for lr in (1e-2, 2e-2, 1.5e-2):
         study.enqueue_trial({"learning_rate": lr, "dropout": 0.0})
     study.enqueue_trial({"learning_rate": 1e-6, "dropout": 0.0})       # barely moves: worse than the median
-    assert cli.main(_argv(out, 4, 40, 10, "--prune-startup", "2")) == 0
+    assert cli.main(_argv(out, 4, 40, 10, "--prune-startup", "3")) == 0
     assert "pruned" in capsys.readouterr().out
     trials = _study(out).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3 + [TrialState.PRUNED]
