@@ -80,3 +80,17 @@ def test_trainer_takes_a_dataloader_without_problem_from_data():
     trainer = Trainer(make("loader"), Probe(), HP, max_steps=3, loggers=[])
     assert trainer.fit().steps == 3 and trainer.steps_per_epoch == SIZE // BATCH
     assert trainer.model.dtypes["inputs"] == torch.uint8
+
+
+def test_a_dataloader_as_train_reader_is_wrapped_and_resumes(tmp_path):
+    def run(out, **kwargs):
+        trainer = Trainer(problem_from_data(make("dataset")), Probe(), HP, output_dir=out, max_steps=TOTAL,
+                          loggers=[], train_reader=make("stateful"), **kwargs)
+        return trainer
+    straight = run(tmp_path / "a")
+    straight.fit()
+    first = run(tmp_path / "b", callbacks=[StopAt(STOP)])
+    first.fit()
+    second = run(tmp_path / "b")
+    second.fit(resume=True)
+    _same_run(straight, first, second)
