@@ -50,6 +50,9 @@ class HParams:
     lr_decay: float = 1.0          # multiplicative decay factor used by decay schedules
     lr_decay_start_epoch: int = 0  # epoch after which step/epoch decay starts
     max_grad_norm: float = 0.0     # clip by global norm; 0 disables
+    no_decay_bias_norm: bool | None = None   # no weight decay on biases and norm weights (None: adamw only)
+    layerwise_lr_decay: float = 1.0  # LR x decay**(depth below the top) per layer (models with parameter_depth)
+    freeze_body_steps: int = 0     # the body (all but the model's head_prefixes) is frozen for N steps
     accum_steps: int = 1           # gradient accumulation micro-steps per optimizer step
     max_epochs: int = 0            # 0 = unbounded (use max_steps)
     max_steps: int = 0             # 0 = unbounded (use max_epochs)

@@ -24,10 +24,12 @@ __all__ = ["build_optimizer", "build_schedule", "LRSchedule", "sparse_gradient_m
 
 
 def _multi_tensor(params: list, fused: bool) -> dict[str, bool]:
-    """``fused`` kernels on CUDA; ``foreach`` (multi-tensor) elsewhere; per-tensor loop if off."""
+    """``fused`` kernels on CUDA; ``foreach`` (multi-tensor) elsewhere; per-tensor loop if off.
+    ``params`` are parameters or param groups (dicts with ``"params"``)."""
     if not fused:
         return {"foreach": False}
-    on_cuda = any(p.is_cuda for p in params)
+    on_cuda = any(p.is_cuda for item in params
+                  for p in (item["params"] if isinstance(item, dict) else [item]))
     return {"fused": True} if on_cuda else {"foreach": True}
 
 
@@ -63,9 +65,16 @@ def sparse_gradient_modules(model: torch.nn.Module) -> list[str]:
             if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], hp: HParams, *, fused: bool = True,
-                    sparse: bool = False) -> torch.optim.Optimizer:
-    params = [p for p in params if p.requires_grad]
+def build_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]], hp: HParams, *,
+                    fused: bool = True, sparse: bool = False) -> torch.optim.Optimizer:
+    """``hp.optimizer`` over ``params``: parameters, or param groups (:mod:`hotloop.param_groups`)
+    whose own settings (``weight_decay``, ``lr``, ``lr_scale``) override the hparams'."""
+    items = list(params)
+    if items and isinstance(items[0], dict):
+        groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in items]
+        params = [g for g in groups if g["params"]]
+    else:
+        params = [p for p in items if p.requires_grad]
     if fused and sparse:
         raise StrategyError("fused_optimizer=True cannot update sparse gradients; "
                             "set fused_optimizer=False or use dense embeddings")

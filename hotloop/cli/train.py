@@ -29,8 +29,8 @@ from typing import Any
 
 from .common import CLIError
 
-__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run", "check_output_dir", "check_writable",
-           "take_run_lock", "print_summary", "TRAIN_DEFAULTS"]
+__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "add_init_arguments", "run", "check_output_dir",
+           "check_writable", "take_run_lock", "print_summary", "TRAIN_DEFAULTS"]
 
 NAME = "train"
 HELP = "train a model on a problem"
@@ -38,7 +38,8 @@ RUN_FLAGS = True
 
 #: defaults of the train settings that a config file may set (flags default to None = "not given")
 TRAIN_DEFAULTS: dict[str, Any] = {"eval_every": 500, "keep_last": 3, "strategy": "auto",
-                                  "loggers": "jsonl,tensorboard", "on_nonfinite": "stop", "eval_bleu": 0}
+                                  "loggers": "jsonl,tensorboard", "on_nonfinite": "stop", "eval_bleu": 0,
+                                  "init_strict": False, "init_hparams_from_config": False}
 #: config key -> argparse dest, where they differ
 _DEST = {"overrides": "override", "strategy_overrides": "strategy_override"}
 #: the namespace attribute with the arguments typed after ``hotloop train`` (set by :func:`hotloop.cli.main`)
@@ -60,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "sentences, added to the valid row (default 0: off)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint; start fresh when there is none yet")
+    add_init_arguments(parser)
     parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
                         help="wait up to SECONDS for another run holding --output-dir to exit (a requeued "
                              "job: --resume --wait-for-lock 300); default 0: refuse at once")
@@ -81,6 +83,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rdzv-id", default=None, help="the job's id, the same on every node")
     parser.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
                         help="collective timeout of the workers (default 1800; HOTLOOP_DIST_TIMEOUT_S)")
+
+
+def add_init_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--init-from`` and its options (:mod:`hotloop.train.init_from`)."""
+    parser.add_argument("--init-from", default=None, metavar="PATH",
+                        help="initialise the weights from a hotloop checkpoint or run directory, a safetensors "
+                             "export or a Hugging Face BERT directory (a fresh run: step 0, new optimizer)")
+    parser.add_argument("--init-strict", action="store_true", default=None,
+                        help="--init-from must fill every tensor of the model exactly (default: load what fits "
+                             "and list the rest)")
+    parser.add_argument("--init-hparams-from-config", action="store_true", default=None,
+                        help="take bert's sizes, activation and dropout from the --init-from directory's "
+                             "config.json (--override still wins)")
 
 
 def _probe_parser() -> argparse.ArgumentParser:
@@ -235,13 +250,20 @@ def run(args: argparse.Namespace) -> int:
     from ..train.bleu_during_training import supports_bleu
     from ..compose.build import resolve_names
     from ..train.checkpoint import CheckpointManager
+    from ..train.init_from import check_init_sizes, hf_hparams, read_init_weights
     from ..train.tracking import parse_logger_names
     apply_config(args)
     overrides = dict(args.hparams_changes)
     for key in ("max_steps", "max_epochs"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
+    args.init_weights = None
+    if args.init_from and args.init_hparams_from_config:
+        overrides = {**hf_hparams(args.init_from), **overrides}
     problem_cls, model_cls, hparams_name, hp = resolve_names(args.problem, args.model, args.hparams, overrides)
+    if args.init_from:   # read and checked before anything is written
+        args.init_weights = read_init_weights(args.init_from)
+        check_init_sizes(args.init_weights, hp)
     request = strategy_request(args)
     parse_logger_names(args.loggers)
     if args.eval_bleu < 0:
@@ -303,7 +325,8 @@ def run_info(args: argparse.Namespace, hparams_name: str, out: Path) -> dict[str
             "imports": list(args.imports), "max_steps": args.max_steps, "max_epochs": args.max_epochs,
             "max_time": args.max_time, "eval_every": args.eval_every, "keep_last": args.keep_last,
             "loggers": args.loggers, "on_nonfinite": args.on_nonfinite, "eval_bleu": args.eval_bleu,
-            "output_dir": str(out)}
+            "init_from": args.init_from, "init_strict": args.init_strict,
+            "init_hparams_from_config": args.init_hparams_from_config, "output_dir": str(out)}
 
 
 def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,
@@ -330,7 +353,8 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
     trainer = Trainer(problem, model, hp, strategy=strategy, device=args.device, output_dir=out,
                       max_time=args.max_time, eval_every=args.eval_every, keep_last=args.keep_last,
                       run_info=info, dist=dist, callbacks=callbacks, loggers=loggers,
-                      on_nonfinite=args.on_nonfinite)
+                      on_nonfinite=args.on_nonfinite, init_from=getattr(args, "init_weights", None),
+                      init_strict=args.init_strict)
     code = 0
     try:
         result = trainer.fit(resume=args.resume)

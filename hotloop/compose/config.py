@@ -41,6 +41,7 @@ CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "max_steps": _OPT_INT, "max_epochs": _OPT_INT, "max_time": _OPT_NUM, "eval_every": _INT,
     "keep_last": _INT, "output_dir": _OPT_STR, "data_dir": _OPT_STR, "raw_dir": _OPT_STR,
     "imports": (list,), "loggers": (str, list), "on_nonfinite": _STR, "resume": _BOOL, "eval_bleu": _INT,
+    "init_from": _OPT_STR, "init_strict": _BOOL, "init_hparams_from_config": _BOOL,
 }
 #: other spellings accepted (``run.json`` writes ``hparams_set``)
 ALIASES = {"hparams_set": "hparams", "strategy_override": "strategy_overrides", "override": "overrides",

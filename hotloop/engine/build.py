@@ -18,6 +18,7 @@ from torch import nn
 from ..hparams import HParams
 from ..models.base import LossOutput
 from ..optim import build_optimizer, sparse_gradient_modules
+from ..param_groups import param_groups
 from ..problems.base import Batch
 from .activation_ckpt import set_activation_checkpointing
 from .backends import Backend, EagerBackend
@@ -181,7 +182,7 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     if optimizer is not None:
         opt = optimizer(params, fused)
     else:
-        opt = build_optimizer(params, hp, fused=fused, sparse=bool(sparse_gradient_modules(model)))
+        opt = build_optimizer(param_groups(model, hp), hp, fused=fused, sparse=bool(sparse_gradient_modules(model)))
     train_model, opt, no_sync = wrap(model, opt) if wrap is not None else (model, opt, None)
     step = compile_step(train_model, loss_fn, opt, strategy, precision=precision, max_grad_norm=clip,
                         no_sync=no_sync, clip_via_lr=strategy.clip_via_lr, report=report, notices=notices)

@@ -87,6 +87,8 @@ class SequenceModel(nn.Module):
     hparams_class: ClassVar[type[HParams]] = HParams
     #: the Strategy formulation fields the model reads (:mod:`hotloop.models.formulation`)
     formulation_fields: ClassVar[tuple[str, ...]] = ()
+    #: name prefixes of the output head's parameters; the rest is the body (``freeze_body_steps``)
+    head_prefixes: tuple[str, ...] = ()
 
     def __init__(self, hp: HParams, spec: ProblemSpec) -> None:
         super().__init__()

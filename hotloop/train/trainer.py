@@ -26,6 +26,8 @@ from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, Event
 from .evaluation import evaluate_reader
 from .feeding import DataFeeder
+from .freeze import freeze_callbacks
+from .init_from import InitWeights, init_model
 from .interrupt import Interrupted, StopSignalGuard
 from .loggers import default_loggers
 from .nonfinite import NonFiniteGuard
@@ -70,6 +72,9 @@ class Trainer:
     (default ``Strategy()``); to tune one first, call
     :func:`hotloop.compose.plan.auto_strategy`; ``strategy.sync_every`` is the log
     cadence. ``on_nonfinite`` is ``"stop"`` or ``"skip"`` (:mod:`hotloop.train.nonfinite`).
+    ``init_from`` copies weights from a checkpoint, run directory, safetensors export or Hugging
+    Face BERT directory into ``model`` before training (:mod:`hotloop.train.init_from`; partial
+    unless ``init_strict``; what loaded is in ``init_report``); the run still starts at step 0.
     The parts are built by :mod:`hotloop.train.setup`; a checkpoint holds the states of
     :meth:`components`.
     """
@@ -83,7 +88,8 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), loggers: Sequence[Callback] | None = None,
                  dist: DistContext | None = None, loss_fn: LossFn | None = None,
                  train_reader: Any = None, eval_readers: dict[str, Any] | None = None,
-                 run_info: dict[str, Any] | None = None, on_nonfinite: str = "stop") -> None:
+                 run_info: dict[str, Any] | None = None, on_nonfinite: str = "stop",
+                 init_from: str | Path | InitWeights | None = None, init_strict: bool = False) -> None:
         self.hp = run_hparams(hp, max_steps, max_epochs, max_time)
         problem = as_problem(problem)   # a DataLoader, Dataset or HF dataset: problem_from_data
         self.problem, self.spec = problem, problem.spec(self.hp)
@@ -97,7 +103,8 @@ class Trainer:
         self.run_info = dict(run_info or {})
         self.notices: list[str] = []
         main_loggers = default_loggers(self.output_dir) if loggers is None else list(loggers)
-        self.callbacks = CallbackList(list(callbacks) + (main_loggers if self.dist.is_main else []))
+        self.callbacks = CallbackList(list(callbacks) + freeze_callbacks(self.hp)
+                                      + (main_loggers if self.dist.is_main else []))
 
         self.strategy = concrete_strategy(strategy, self.device, self.dist)
         self.train_reader = open_train_reader(problem, self.hp, self.spec, self.strategy, self.dist,
@@ -107,6 +114,9 @@ class Trainer:
         self.steps_per_epoch = steps_per_epoch(self.train_reader, self.hp.accum_steps)
         self.model, notices = place_model(model, self.strategy, self.device)
         notices = reader_notices(self.train_reader) + notices
+        self.init_report = init_model(self.model, init_from, strict=init_strict, notify=self.notify) \
+            if init_from is not None else None
+        notices += self.init_report.lines() if self.init_report is not None else []
         built, step_notices = build_training_step(self.model, self.hp, self.strategy, self.dist, loss_fn)
         self.optimizer, self.precision, self.step_fn = built.optimizer, built.precision, built.step
         for note in notices + step_notices:
@@ -238,7 +248,7 @@ class Trainer:
         self._in_step = True
         self.lr = self.hp.learning_rate * self.schedule.multiplier(self.step, self.epoch)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+            group["lr"] = self.lr * group.get("lr_scale", 1.0)
         result = self.step_fn(batches, self.state)
         self.state = result.state if self.spec.streamed else None
         self.step += 1
