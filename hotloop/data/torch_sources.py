@@ -23,8 +23,9 @@ plus ``"loader"`` for a ``StatefulDataLoader``); the epoch's order is a function
 """
 from __future__ import annotations
 
+import array
 import contextlib
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ def as_batch(batch: Any, refuse_text: tuple[str, ...] = ()) -> dict[str, Any]:
                 raise BatchFormatError(f"data: column {key!r} holds strings, but the model reads token ids there; "
                                 "tokenize it first (dataset.map with a tokenizer) or rename the column")
         return out
-    kind = f"a {len(batch)}-tuple" if isinstance(batch, (tuple, list)) else f"a {type(batch).__name__}"
+    kind = f"a {len(batch)}-tuple" if isinstance(batch, (tuple, list)) else f"of type {type(batch).__name__}"
     raise BatchFormatError(f"data: a batch is {kind}; expected a dict of columns, an (inputs, targets) pair "
                     "or a tensor (return a dict from your Dataset or collate_fn)")
 
@@ -162,16 +163,47 @@ def _samplers(loader: Any) -> list[Any]:
 
 
 class _EpochBatches(Sampler):
-    """The index batches left in the epoch (replaced at each epoch start)."""
+    """An epoch's index batches from a position on; batches of ints are packed in one int64 array
+    (8 bytes an index, not a Python int each), handed out as lists."""
 
     def __init__(self) -> None:
-        self.batches: list[Any] = []
+        self._flat = np.zeros(0, dtype=np.int64)
+        self._offsets = np.zeros(1, dtype=np.int64)
+        self._items: list[Any] | None = None       # batches that are not lists of ints, as drawn
+
+    def fill(self, batches: Iterable[Any], start: int) -> None:
+        """Hold ``batches`` (one epoch, in order) without the first ``start``."""
+        flat, lengths, items = array.array("q"), [], None
+        for batch in batches:
+            if items is None and isinstance(batch, list) and all(type(i) is int for i in batch):
+                flat.extend(batch)
+                lengths.append(len(batch))
+                continue
+            if items is None:
+                items = self._unpack(np.frombuffer(flat, dtype=np.int64), lengths)
+            items.append(batch)
+        if items is not None:
+            self._items = items[start:]
+            return
+        self._items = None
+        offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+        begin = offsets[min(start, len(lengths))]
+        self._flat = np.frombuffer(flat, dtype=np.int64)[begin:]
+        self._offsets = offsets[min(start, len(lengths)):] - begin
+
+    @staticmethod
+    def _unpack(flat: np.ndarray, lengths: list[int]) -> list[Any]:
+        bounds = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))]).tolist()
+        return [flat[lo:hi].tolist() for lo, hi in zip(bounds[:-1], bounds[1:])]
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.batches)
+        if self._items is not None:
+            return iter(self._items)
+        bounds = self._offsets.tolist()
+        return (self._flat[lo:hi].tolist() for lo, hi in zip(bounds[:-1], bounds[1:]))
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self._items) if self._items is not None else len(self._offsets) - 1
 
 
 def _sized(obj: Any) -> bool:
@@ -211,12 +243,17 @@ class LoaderReader(Reader):
 
     def epoch_batches(self, epoch: int) -> list[Any]:
         """The loader's index batches (or indices) of ``epoch``, drawn from its sampler."""
+        batches = _EpochBatches()
+        self._draw(epoch, batches, 0)
+        return list(batches)
+
+    def _draw(self, epoch: int, into: _EpochBatches, start: int) -> None:
         for sampler in _samplers(self.loader):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
         source = self.loader.batch_sampler if self.loader.batch_sampler is not None else self.loader.sampler
         with _seeded_sampling(_samplers(self.loader), epoch_seed(self.seed, epoch)):
-            return list(source)
+            into.fill(iter(source), start)
 
     def _inner_loader(self) -> DataLoader:
         if self._inner is None:
@@ -244,7 +281,7 @@ class LoaderReader(Reader):
                 if index >= start:
                     yield as_batch(batch, self.refuse_text)
             return
-        self._pending.batches = self.epoch_batches(epoch)[start:]
+        self._draw(epoch, self._pending, start)
         self._generator.manual_seed(epoch_seed(self.seed, epoch) ^ 1)    # worker seeds of this epoch
         for batch in self._inner_loader():
             yield as_batch(batch, self.refuse_text)

@@ -94,3 +94,13 @@ def test_a_dataloader_as_train_reader_is_wrapped_and_resumes(tmp_path):
     second = run(tmp_path / "b")
     second.fit(resume=True)
     _same_run(straight, first, second)
+
+
+@pytest.mark.parametrize("batch_size", [None, 5])
+def test_a_loader_resumes_from_its_position_with_or_without_batching(batch_size):
+    loader = torch.utils.data.DataLoader(make("dataset"), batch_size=batch_size, shuffle=True)
+    reader = problem_from_data(loader).reader("train", HP)
+    reader.set_epoch(1)
+    full = [b["index"].tolist() for b in reader]
+    reader.load_state_dict({"epoch": 1, "position": 3})
+    assert [b["index"].tolist() for b in reader] == full[3:] and len(full) == len(loader)
