@@ -145,3 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"hotloop: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:   # a stop signal outside training (datagen, tuning): 128 + signal
+        print(f"hotloop: interrupted ({exc or 'SIGINT'})", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ..errors import UserError
 
 __all__ = ["CLIError", "DEFAULT_PROBLEM", "DEFAULT_MODEL", "add_run_flags", "add_import_flag",
-           "resolve_device", "import_modules", "build_from_args", "apply_raw_root"]
+           "resolve_device", "import_modules", "build_from_args", "apply_raw_root", "stops_at_once"]
 
 DEFAULT_PROBLEM = "algorithmic_reverse"
 DEFAULT_MODEL = "transformer"
@@ -49,6 +49,17 @@ def apply_raw_root(args: argparse.Namespace) -> None:
         if not os.path.isdir(root):
             raise CLIError(f"--raw-root {root}: not a directory")
         os.environ["HOTLOOP_RAW_ROOT"] = os.path.abspath(root)
+
+
+def stops_at_once() -> Any:
+    """A context in which SIGINT/SIGTERM/SIGUSR1 raise :class:`~hotloop.train.interrupt.Interrupted`
+    at once (``exit_code`` 130/143/138): for work with nothing to save, such as datagen, whose
+    shards are written under temporary names and trusted only once the manifest is written."""
+    from ..train.interrupt import Interrupted, StopSignalGuard
+
+    def stop(signum: int) -> None:
+        raise Interrupted(signum)
+    return StopSignalGuard(stop)
 
 
 def resolve_device(device: str) -> str:

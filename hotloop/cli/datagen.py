@@ -16,8 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..registry import problems
+    from .common import stops_at_once
     problem = problems.get(args.problem)(data_dir=args.data_dir, raw_dir=args.raw_dir)
-    problem.prepare()
+    with stops_at_once():            # a stop signal ends datagen at once (exit 128 + signal)
+        problem.prepare()
     where = problem.data_dir or "(generated on the fly; nothing to write)"
     print(f"prepared {args.problem} in {where}")
     return 0

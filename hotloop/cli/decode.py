@@ -92,7 +92,8 @@ def _load(args: argparse.Namespace) -> Any:
     from ..compose.restore import find_checkpoint, load_trained
     try:
         path = find_checkpoint(args.output_dir, args.checkpoint, which=args.which)
-        return load_trained(path, device=args.device, data_dir=args.data_dir, raw_dir=args.raw_dir, prepare=False)
+        return load_trained(path, device=args.device, data_dir=args.data_dir, raw_dir=args.raw_dir, prepare=False,
+                            raw_root=args.raw_root)
     except (CheckpointError, DataError) as exc:
         raise _error(str(exc)) from None
 

@@ -15,9 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", default=None, help="a checkpoint file")
     parser.add_argument("--which", choices=("best", "latest"), default="best")
     parser.add_argument("--splits", default="valid,test")
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--raw-dir", default=None)
-    parser.add_argument("--raw-root", default=None, metavar="DIR", help="raw-data root (HOTLOOP_RAW_ROOT)")
+    parser.add_argument("--data-dir", default=None, help="prepared data (default: the run's recorded one)")
+    parser.add_argument("--raw-dir", default=None, help="raw files (default: the run's recorded ones)")
+    parser.add_argument("--raw-root", default=None, metavar="DIR",
+                        help="raw-data root (HOTLOOP_RAW_ROOT; default: the run's recorded root)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--metrics", default="loss", help="loss (teacher-forced) and/or bleu (decodes the split)")
     parser.add_argument("--beam-size", type=int, default=4, help="for --metrics bleu (1 = greedy)")
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         _print_bleu(path, splits, args)
     if "loss" not in metrics:
         return 0
-    results = evaluate_checkpoint(path, splits, device=args.device, data_dir=args.data_dir, raw_dir=args.raw_dir)
+    results = evaluate_checkpoint(path, splits, device=args.device, data_dir=args.data_dir, raw_dir=args.raw_dir,
+                                  raw_root=args.raw_root)
     for split, metrics in results.items():
         if isinstance(metrics, str):
             print(f"  {split}: {metrics}")
@@ -52,7 +54,8 @@ def _print_bleu(path: object, splits: list[str], args: argparse.Namespace) -> No
     """Decode each split with the checkpoint's model and print sacreBLEU with its signature."""
     from ..decode import bleu_on_split
     from ..compose.restore import load_trained
-    trained = load_trained(path, device=args.device, data_dir=args.data_dir, raw_dir=args.raw_dir)
+    trained = load_trained(path, device=args.device, data_dir=args.data_dir, raw_dir=args.raw_dir,
+                           raw_root=args.raw_root)
     for split in splits:
         result = bleu_on_split(trained.model, trained.problem, trained.hp, split, beam_size=args.beam_size,
                                alpha=args.alpha, device=args.device)

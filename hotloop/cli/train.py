@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,7 @@ def apply_config(args: argparse.Namespace) -> None:
     """
     from ..compose.config import hparams_changes, load_config
     from ..engine.strategy import Strategy
-    from .common import import_modules, resolve_device
+    from .common import apply_raw_root, import_modules, resolve_device
     given = _given_flags(args)
     config = load_config(args.config) if args.config else {}
     changes = _strategy_changes(config.get("strategy_overrides"))
@@ -146,7 +147,10 @@ def apply_config(args: argparse.Namespace) -> None:
             value = resolve_device(value)
         elif key == "imports":
             import_modules(value)
+        elif key == "raw_root" and not (value and os.path.isdir(value)):
+            continue                    # a recorded root that is gone: the environment's is used
         setattr(args, dest, value)
+    apply_raw_root(args)
     for key, value in TRAIN_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -217,6 +221,19 @@ def check_same_run(out: Path, problem: str, model: str) -> None:
                            f"pick another --output-dir")
 
 
+def reuse_run_data(args: argparse.Namespace, out: Path) -> None:
+    """``--resume``: the data directory, raw directory and roots that ``out``'s ``run.json`` records,
+    where neither the command line nor ``--config`` names them (:mod:`hotloop.compose.run_data`)."""
+    from ..compose.run_data import DATA_ROOT_ENV, recorded_data
+    from ..train.runfiles import read_run_info
+    from .common import apply_raw_root
+    data = recorded_data(read_run_info(out), data_dir=args.data_dir, raw_dir=args.raw_dir, raw_root=args.raw_root)
+    args.data_dir, args.raw_dir, args.raw_root = data.data_dir, data.raw_dir, data.raw_root
+    apply_raw_root(args)
+    if data.data_root:
+        os.environ[DATA_ROOT_ENV] = data.data_root
+
+
 def _global_rank() -> int:
     import os
     from . import cli_support
@@ -280,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(out, args.resume)
     if args.resume:
         check_same_run(out, args.problem, args.model)
+        reuse_run_data(args, out)
     lock = take_run_lock(args, out)   # the first write into the output directory
     try:
         return _run_owned(args, problem_cls, model_cls, hparams_name, hp, request, out)
@@ -319,9 +337,11 @@ def _run_owned(args: argparse.Namespace, problem_cls: type, model_cls: type, hpa
 
 
 def run_info(args: argparse.Namespace, hparams_name: str, out: Path) -> dict[str, Any]:
-    """What ``run.json`` records besides the Strategy and device: enough for ``--config run.json``."""
+    """What ``run.json`` records besides the Strategy and device: enough for ``--config run.json``
+    (the data paths absolute, with the raw and data roots in effect)."""
+    from ..compose.run_data import record_data_paths
     return {"problem": args.problem, "model": args.model, "hparams_set": hparams_name,
-            "overrides": dict(args.hparams_changes), "data_dir": args.data_dir, "raw_dir": args.raw_dir,
+            "overrides": dict(args.hparams_changes), **record_data_paths(args.data_dir, args.raw_dir),
             "imports": list(args.imports), "max_steps": args.max_steps, "max_epochs": args.max_epochs,
             "max_time": args.max_time, "eval_every": args.eval_every, "keep_last": args.keep_last,
             "loggers": args.loggers, "on_nonfinite": args.on_nonfinite, "eval_bleu": args.eval_bleu,
@@ -332,6 +352,7 @@ def run_info(args: argparse.Namespace, hparams_name: str, out: Path) -> dict[str
 def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,
            request: Any, out: Path, job: Any) -> int:
     from .cli_support import prepare_in_rank_order
+    from .common import stops_at_once
     from ..compose import build
     from ..train.bleu_during_training import BleuAtEval
     from ..compose.plan import plan_strategy
@@ -341,7 +362,8 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
     is_main = job is None or getattr(job, "is_main", True)
     loggers = build_loggers(args.loggers, out, run_name=out.name, config=info) if is_main else []
     problem = problem_cls(data_dir=args.data_dir, raw_dir=args.raw_dir)
-    prepare_in_rank_order(problem.prepare, job)
+    with stops_at_once():            # datagen has nothing to save: a stop signal ends it at once
+        prepare_in_rank_order(problem.prepare, job)
     model = build.build_model(model_cls, hp, problem.spec(hp), args.device)
     strategy = plan_strategy(request, model=model, problem=problem, hp=hp, device=args.device,
                              max_time=args.max_time, log=print, dist=job)

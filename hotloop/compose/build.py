@@ -59,8 +59,8 @@ def run_callbacks(problem: Problem) -> list[Callback]:
 
 def resolve_names(problem: str, model: str, hparams: str | None = None,
                   overrides: str | dict[str, Any] | None = None) -> tuple[type, type, str, HParams]:
-    """Look up the problem and model classes and the hparams set (default: the problem's
-    ``default_hparams``); apply overrides; check the model serves the problem's task.
+    """Look up the problem and model classes and the hparams set (default: the problem's set for
+    this model, ``Problem.hparams_for``); apply overrides; check the model serves the problem's task.
     ``problem`` may list several problems (``"a,b,c"``, see :func:`problem_class`).
     Imports code but builds nothing."""
     if "," not in problem:
@@ -68,9 +68,10 @@ def resolve_names(problem: str, model: str, hparams: str | None = None,
     model_cls = models.get(model)
     problem_cls = problem_class(problem, model_cls)
     if not hparams:
-        hparams = getattr(problem_cls, "default_hparams", "")
+        pair = getattr(problem_cls, "hparams_for", None)     # the set sized for this problem and model
+        hparams = pair(model) if callable(pair) else getattr(problem_cls, "default_hparams", "")
         if not hparams:
-            raise HParamsError(f"problem {problem!r} has no default hparams set; pass --hparams "
+            raise HParamsError(f"problem {problem!r} has no default hparams set for model {model!r}; pass --hparams "
                                f"(one of: {', '.join(hparams_sets.names())})")
     hp = get_hparams(hparams, overrides)
     task = getattr(problem_cls, "task", None)

@@ -39,15 +39,15 @@ CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "strategy": (str, dict), "strategy_overrides": (str, dict, type(None)), "device": _STR,
     "precision": _OPT_STR, "accum_steps": _OPT_INT,
     "max_steps": _OPT_INT, "max_epochs": _OPT_INT, "max_time": _OPT_NUM, "eval_every": _INT,
-    "keep_last": _INT, "output_dir": _OPT_STR, "data_dir": _OPT_STR, "raw_dir": _OPT_STR,
+    "keep_last": _INT, "output_dir": _OPT_STR, "data_dir": _OPT_STR, "raw_dir": _OPT_STR, "raw_root": _OPT_STR,
     "imports": (list,), "loggers": (str, list), "on_nonfinite": _STR, "resume": _BOOL, "eval_bleu": _INT,
     "init_from": _OPT_STR, "init_strict": _BOOL, "init_hparams_from_config": _BOOL,
 }
 #: other spellings accepted (``run.json`` writes ``hparams_set``)
 ALIASES = {"hparams_set": "hparams", "strategy_override": "strategy_overrides", "override": "overrides",
            "import": "imports"}
-#: keys that ``run.json`` records for information only
-IGNORED_KEYS = ("torch",)
+#: keys that ``run.json`` records for information only (``data_root``: ``HOTLOOP_DATA_DIR`` then)
+IGNORED_KEYS = ("torch", "data_root")
 
 
 def _type_names(types: tuple[type, ...]) -> str:

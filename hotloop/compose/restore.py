@@ -18,6 +18,7 @@ from ..registry import models
 from ..train.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint
 from ..train.evaluation import evaluate_reader
 from .build import build_model, problem_class
+from .run_data import recorded_data, using_roots
 
 __all__ = ["TrainedRun", "find_checkpoint", "load_trained", "evaluate_checkpoint"]
 
@@ -55,8 +56,12 @@ def find_checkpoint(output_dir: str | Path | None = None, checkpoint: str | Path
 
 
 def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_dir: str | None = None,
-                 raw_dir: str | None = None, prepare: bool = True) -> TrainedRun:
+                 raw_dir: str | None = None, prepare: bool = True, raw_root: str | None = None) -> TrainedRun:
     """Rebuild the run recorded in checkpoint ``path`` (problem, hparams, model + weights).
+
+    The data comes from the run's recorded data directory, raw directory and roots unless
+    ``data_dir``, ``raw_dir`` or ``raw_root`` say otherwise (:mod:`hotloop.compose.run_data`);
+    prepared data that matches its manifest is used as it is (no raw file is read).
 
     Raises :class:`CheckpointError` naming the file when it is unreadable, was not
     written by ``hotloop train``, or does not fit the recorded model; an unknown
@@ -73,9 +78,11 @@ def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_d
     model_cls = models.get(run["model"])          # registry names first: they define the hparams class
     problem_cls = problem_class(run["problem"], model_cls)
     hp = hparams_from_dict(meta["hparams"])       # never imports a module the checkpoint names
-    problem = problem_cls(data_dir=data_dir or run.get("data_dir"), raw_dir=raw_dir or run.get("raw_dir"))
-    if prepare:
-        problem.prepare()
+    data = recorded_data(run, data_dir=data_dir, raw_dir=raw_dir, raw_root=raw_root)
+    with using_roots(data):             # problems read the roots when they are built
+        problem = problem_cls(data_dir=data.data_dir, raw_dir=data.raw_dir)
+        if prepare:
+            problem.prepare()
     spec = problem.spec(hp)
     device = torch.device(device)
     model = build_model(model_cls, hp, spec, device)
@@ -93,13 +100,13 @@ def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_d
 
 def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("valid", "test"), *,
                         device: str | torch.device = "cpu", data_dir: str | None = None,
-                        raw_dir: str | None = None, max_batches: int = 0
+                        raw_dir: str | None = None, max_batches: int = 0, raw_root: str | None = None
                         ) -> dict[str, dict[str, float] | str]:
     """Rebuild the run recorded in checkpoint ``path`` and evaluate each split.
 
     Returns ``split -> metrics``, or ``split -> reason`` for a split the problem lacks.
     """
-    trained = load_trained(path, device=device, data_dir=data_dir, raw_dir=raw_dir)
+    trained = load_trained(path, device=device, data_dir=data_dir, raw_dir=raw_dir, raw_root=raw_root)
     problem, hp, spec, model, precision = (trained.problem, trained.hp, trained.spec, trained.model,
                                            trained.precision)
     device = torch.device(device)

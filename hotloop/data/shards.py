@@ -9,6 +9,9 @@ A prepared data directory holds ``manifest.json``::
 
 ``config`` fingerprints the inputs (raw checksums, vocabulary size, ...):
 :func:`manifest_matches` lets datagen skip work when nothing changed.
+Every file is written under a temporary name and renamed when complete, and the manifest
+comes last: a datagen stopped part-way (a signal, a full disk) leaves no manifest, so no
+later run trusts its files; it prepares them again.
 Arrays are opened read-only with ``mmap_mode="r"``; a truncated or corrupt
 file raises :class:`DataError` naming it.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -29,6 +32,18 @@ __all__ = ["MANIFEST", "ShardWriter", "read_manifest", "manifest_matches", "open
 
 MANIFEST = "manifest.json"
 VERSION = 1
+
+
+def _write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``; on any exception (a stop signal during datagen,
+    a full disk) the temporary file is removed, so a file either is complete or does not exist."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class ShardWriter:
@@ -43,18 +58,17 @@ class ShardWriter:
 
     def add_array(self, name: str, array: np.ndarray) -> None:
         path = self.data_dir / name
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as handle:
-            np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
-        os.replace(tmp, path)
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as handle:
+                np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
+        _write_atomically(path, write)
         self.files[name] = {"bytes": path.stat().st_size, "sha256": file_digest(path),
                             "dtype": str(array.dtype), "shape": list(array.shape)}
 
     def add_text(self, name: str, text: str) -> None:
         path = self.data_dir / name
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        _write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
         self.files[name] = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
 
     def add_file(self, name: str) -> None:
@@ -65,9 +79,8 @@ class ShardWriter:
     def finish(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         manifest = {"version": VERSION, "problem": self.problem, "config": self.config,
                     "files": self.files, "meta": meta or {}}
-        tmp = self.data_dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.data_dir / MANIFEST)
+        text = json.dumps(manifest, indent=1, sort_keys=True)
+        _write_atomically(self.data_dir / MANIFEST, lambda tmp: tmp.write_text(text, encoding="utf-8"))
         return manifest
 
 

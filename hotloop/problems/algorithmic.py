@@ -7,7 +7,7 @@ epoch ``e`` depends only on ``(seed, split, e, i)``, so readers resume exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -143,6 +143,9 @@ class AlgorithmicProblem(Problem):
     task: ClassVar[str] = "seq2seq"
     eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy", "seq_accuracy")
     default_hparams: ClassVar[str] = "transformer_algorithmic"
+    model_hparams: ClassVar[Mapping[str, str]] = {"transformer": "transformer_algorithmic",
+                                                  "lstm_seq2seq": "lstm_seq2seq_algorithmic",
+                                                  "mlp": "mlp_algorithmic"}
     target_extra: ClassVar[int] = 0   # target positions beyond the input length (addition carry)
 
     def _hp(self, hp: HParams) -> AlgorithmicHParams:

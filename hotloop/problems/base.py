@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Protocol
+from typing import Any, ClassVar, Iterable, Mapping, Protocol
 
 import torch
 
@@ -62,12 +62,20 @@ class Problem:
     task: ClassVar[str] = "seq2seq"
     eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy")
     default_hparams: ClassVar[str] = ""
+    #: the hparams set sized for this problem for each model that serves it (``--model`` name ->
+    #: set); a model not listed gets ``default_hparams`` (:meth:`hparams_for`)
+    model_hparams: ClassVar[Mapping[str, str]] = {}
     #: the splits the Trainer evaluates by default (the first one picks the best checkpoint)
     eval_splits: ClassVar[tuple[str, ...]] = ("valid",)
 
     def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else None
         self.raw_dir = Path(raw_dir) if raw_dir else None
+
+    @classmethod
+    def hparams_for(cls, model: str) -> str:
+        """The default hparams set of this problem with ``model`` ("" when there is none)."""
+        return cls.model_hparams.get(model, cls.default_hparams)
 
     @property
     def name(self) -> str:

@@ -17,7 +17,7 @@ validates them (see :class:`InvalidTargetError` for the rules).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -154,6 +154,7 @@ class DetectionShapes(Problem):
     task: ClassVar[str] = "detect"
     eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "box_ap", "box_ap50", "mask_ap", "mask_ap50")
     default_hparams: ClassVar[str] = "yolov3_shapes"
+    model_hparams: ClassVar[Mapping[str, str]] = {"yolov3": "yolov3_shapes", "mask_rcnn": "mask_rcnn_shapes"}
 
     @staticmethod
     def _hp(hp: HParams) -> DetectionShapesHParams:

@@ -11,7 +11,7 @@ import gzip
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 from ..data.download import default_data_dir, default_raw_dir, download, verify_file
 from ..data.errors import DataError
@@ -82,6 +82,8 @@ class Multi30kDeEn(SubwordTranslation):
     """German -> English; batches ``{"inputs": [B, S], "targets": [B, T]}`` int64, 0-padded."""
 
     default_hparams: ClassVar[str] = "transformer_multi30k"
+    model_hparams: ClassVar[Mapping[str, str]] = {"transformer": "transformer_multi30k",
+                                                  "lstm_seq2seq": "lstm_seq2seq_multi30k"}
     vocab_size: ClassVar[int] = VOCAB_SIZE
     default_max_length: ClassVar[int] = DEFAULT_MAX_LENGTH
     config: ClassVar[dict[str, Any]] = {"format": "multi30k-spm-bpe-v1", "sha256": MULTI30K_SHA256,

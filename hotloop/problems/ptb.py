@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import logging
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Mapping
 
 import numpy as np
 
@@ -108,6 +108,7 @@ class PTBLanguageModel(PreparedProblem):
     task: ClassVar[str] = "lm"
     eval_metrics: ClassVar[tuple[str, ...]] = ("loss", "perplexity")
     default_hparams: ClassVar[str] = ""
+    model_hparams: ClassVar[Mapping[str, str]] = {"lstm_lm": "lstm_lm_small"}
     config: ClassVar[dict[str, Any]] = {"format": "ptb-word-v1", "md5": PTB_MD5, "vocab_size": VOCAB_SIZE}
 
     def __init__(self, data_dir: str | Path | None = None, raw_dir: str | Path | None = None) -> None:

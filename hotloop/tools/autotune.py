@@ -1,10 +1,12 @@
 """``strategy="auto"``: propose by rules, confirm by interleaved timed trials, guard parity, cache.
 
-1. read a few real batches (timing the reader), measure the model (FLOPs, op sizes, layers);
-2. time eager fp32 (the baseline, always a candidate) to size the budget:
-   ``min(max_seconds, budget_fraction * planned run seconds)``, the planned run
-   being ``planned_steps * eager_step`` capped by ``planned_seconds`` (``max_time``);
-   the budget covers all of tuning from its first batch read, not only the trials;
+1. read one step's batches, time eager fp32's first step (the baseline, always a candidate)
+   to size the budget: ``min(max_seconds, budget_fraction * planned run seconds)``, the
+   planned run being ``planned_steps * eager_step`` capped by ``planned_seconds`` (``max_time``);
+   the budget covers all of tuning from its first batch read, not only the trials. A run
+   whose first eager step exceeds it is not tuned (one notice; the default ``Strategy()``);
+2. read the other batches (timing the reader), measure the model (FLOPs, op sizes, layers)
+   and time eager, each step only while its estimate fits the budget;
 3. rules propose candidates (:mod:`hotloop.tools.proposals`): all combined,
    the combination without each one, then each alone; the ones that fit the
    budget run interleaved with the baseline (:mod:`hotloop.tools.trials`);
@@ -16,13 +18,14 @@
    compares the parameter updates);
 5. the choice is cached (:mod:`hotloop.tools.tune_cache`).
 
-The caller's model, its weights and every global RNG stream are left as they were.
+The caller's model, its weights and every global RNG stream are left as they were. A stop
+signal (SIGINT, SIGTERM, SIGUSR1) ends tuning at the next trial step with
+:class:`~hotloop.train.interrupt.Interrupted` (:mod:`hotloop.tools.tune_start`).
 """
 from __future__ import annotations
 
 import importlib
 import os
-import statistics
 import time
 from typing import Callable, Sequence
 
@@ -49,6 +52,7 @@ from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
 from .tune_budget import DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
 from .tune_cache import cache_key, load_choice, save_choice
 from .tune_report import TuneReport
+from .tune_start import BatchStream, TuneStops
 
 __all__ = ["tune", "read_batches", "parity_tolerance", "DEFAULT_MAX_SECONDS",
            "DEFAULT_BUDGET_FRACTION"]
@@ -59,27 +63,14 @@ PARITY_STEPS = 3        # steps of the engine's check_parity for a winner
 def read_batches(problem: Problem, hp: HParams, count: int, device: torch.device
                  ) -> tuple[list[Batch], float]:
     """The first ``count`` training batches (on ``device``) and the median seconds per batch."""
-    reader = problem.reader("train", hp)
-    batches: list[Batch] = []
-    times: list[float] = []
-    iterator = iter(reader)
+    stream = BatchStream(problem, hp, device)
     try:
-        for _ in range(count):
-            start = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            times.append(time.perf_counter() - start)
-            batches.append({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+        batches = stream.take(count)
     finally:
-        close = getattr(reader, "close", None)
-        if callable(close):
-            close()
+        stream.close()
     if not batches:
         raise ValueError(f"problem {problem.name!r} produced no training batches")
-    steady = times[1:] or times
-    return batches, statistics.median(steady)
+    return batches, stream.seconds_per_batch()
 
 
 def _engine_backends() -> tuple[str, ...]:
@@ -111,26 +102,37 @@ def _load_average() -> float:
         return 0.0
 
 
-def _calibrate(runner: TrialRunner, baseline: Trial, hard: Budget, model: nn.Module,
-               budget_for: Callable[[float], float]) -> ModelFacts:
-    """Eager fp32: one warm-up step that also counts FLOPs and ops, then up to MIN_STEPS timed steps.
+def _calibrate(runner: TrialRunner, baseline: Trial, model: nn.Module, budget_for: Callable[[float], float],
+               elapsed: Callable[[], float]) -> ModelFacts:
+    """Eager fp32 after its first step: a step that counts FLOPs and ops, then up to MIN_STEPS timed
+    steps, each only while its estimated seconds fit the budget that eager's speed implies.
 
-    Calibration stops after the first timed step once it has used 30% of the
-    budget that eager's speed implies (a very slow eager must not eat it all).
+    Calibration stops after the first timed step once it has used 30% of that budget (a very
+    slow eager must not eat it all); the counting step runs on one thread (untimed, cheap on
+    busy cores) and only when the first step times the thread count still fits.
     """
     facts = analyze_model(model)
-    baseline.warmup = 1
+    first = baseline.warmup_times[0]
+
+    def estimate() -> float:       # the counting step's time is no estimate of a plain step
+        return baseline.median if baseline.step_times else first
+
+    def fits(seconds: float) -> bool:
+        return seconds <= budget_for(estimate()) - elapsed()
+
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)          # the counting step is untimed: one thread keeps it cheap on busy cores
-    try:
-        with counting() as counts:
-            runner.step(baseline)
-    finally:
-        torch.set_num_threads(threads)
-    facts = facts.with_counts(counts)
-    while len(baseline.step_times) < MIN_STEPS and baseline.status == "ok" and hard.remaining() > 0:
+    if baseline.status == "ok" and fits(first * threads):
+        baseline.warmup = 2
+        torch.set_num_threads(1)
+        try:
+            with counting() as counts:
+                runner.step(baseline)
+        finally:
+            torch.set_num_threads(threads)
+        facts = facts.with_counts(counts)
+    while len(baseline.step_times) < MIN_STEPS and baseline.status == "ok" and fits(estimate()):
         runner.step(baseline)
-        if baseline.step_times and hard.elapsed() > 0.3 * budget_for(baseline.median):
+        if baseline.step_times and elapsed() > 0.3 * budget_for(baseline.median):
             break
     return facts
 
@@ -231,6 +233,21 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
     return baseline
 
 
+def _skipped(baseline: Trial, first: float, budget: float, hw: HardwareInfo, model: nn.Module,
+             runner: TrialRunner, key: dict | None) -> TuneReport:
+    """The report of a run whose one eager step does not fit its budget: the default Strategy, no cache."""
+    if baseline.status != "ok":
+        why = f"eager fp32 does not run ({baseline.status})"
+    else:
+        why = f"one eager step took {first:.2f} s, more than the whole budget of {budget:.2f} s"
+    report = TuneReport(Strategy(), "default (not tuned)", "miss" if key is not None else "disabled", hw,
+                        baseline.strategy, [baseline], [], analyze_model(model), None, budget,
+                        step_calls=runner.step_calls)
+    report.notes.append(f"tuning skipped: {why}; the default Strategy is used (choice not cached)")
+    runner.release([baseline])
+    return report
+
+
 def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device | str = "cpu",
          planned_steps: int | None = None, *, budget_fraction: float = DEFAULT_BUDGET_FRACTION,
          max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
@@ -252,36 +269,54 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
     # anyway when it builds its optimizer, so it is neither tuning time nor budget
     importlib.import_module("torch._dynamo")
     started = time.perf_counter()
-    hard = Budget(max_seconds)
+    hard = Budget(max_seconds)      # its clock counts all of tuning, from the first batch read
     hw = hardware or detect_hardware(device)
     baseline_s = baseline_strategy()
-    with preserved_process_state():
-        batches, reader_s = read_batches(problem, hp, num_batches * max(1, hp.accum_steps), device)
-        key = cache_key(model, hp, batches[0], hw, device)
-        if "," in problem.name:                     # a multi-problem run is tuned for its mix of problems
-            key["problem"] = problem.name
-        if not allow_reduced_precision:
-            key["precision"] = "fp32 only"
-        if cache:
-            hit = load_choice(key, device)
-            if hit is not None:
-                strategy, record = hit
-                report = TuneReport(strategy, "cached", "hit", hw, baseline_s,
-                                    cached_rows=record.get("table", []))
-                report.tune_seconds = time.perf_counter() - started
-                log(f"autotune: cache hit -> {report.summary()}")
-                return report
-        # a multi-problem run: one warm-up step per task, so every capture happens in warm-up
-        tasks = {k for b in batches for k in b if k.startswith("task:")}
-        runner = TrialRunner(model, hp, batches, device, warmup=max(warmup, len(tasks)))
-        baseline = Trial("eager", baseline_s, "baseline: eager fp32, per-tensor optimizer loop")
-        runner.prepare(baseline)
-        def budget_for(eager_s: float) -> float:
-            run_s = [s for s in (planned_steps * eager_s if planned_steps else None, planned_seconds) if s]
-            return min([max_seconds] + [budget_fraction * s for s in run_s])
+    with preserved_process_state(), TuneStops() as stops:
+        stream = BatchStream(problem, hp, device, check=stops.check)
+        try:
+            # one step's batches first: the cache key and eager's first step need no more
+            batches = stream.take(max(1, hp.accum_steps))
+            if not batches:
+                raise ValueError(f"problem {problem.name!r} produced no training batches")
+            key = cache_key(model, hp, batches[0], hw, device)
+            if "," in problem.name:                     # a multi-problem run is tuned for its mix of problems
+                key["problem"] = problem.name
+            if not allow_reduced_precision:
+                key["precision"] = "fp32 only"
+            if cache:
+                hit = load_choice(key, device)
+                if hit is not None:
+                    strategy, record = hit
+                    report = TuneReport(strategy, "cached", "hit", hw, baseline_s,
+                                        cached_rows=record.get("table", []))
+                    report.tune_seconds = time.perf_counter() - started
+                    log(f"autotune: cache hit -> {report.summary()}")
+                    return report
+            runner = TrialRunner(model, hp, batches, device, warmup=warmup, check=stops.check)
+            baseline = Trial("eager", baseline_s, "baseline: eager fp32, per-tensor optimizer loop", warmup=1)
+            runner.prepare(baseline)
 
-        facts = _calibrate(runner, baseline, hard, model, budget_for)
-        eager_s = baseline.median if baseline.measured else (hard.elapsed() or 1.0)
+            def budget_for(eager_s: float) -> float:
+                run_s = [s for s in (planned_steps * eager_s if planned_steps else None, planned_seconds) if s]
+                return min([max_seconds] + [budget_fraction * s for s in run_s])
+
+            first = runner.step(baseline) if baseline.status == "ok" else float("inf")
+            if baseline.status != "ok" or first > budget_for(first):
+                report = _skipped(baseline, first, budget_for(first), hw, model, runner, key if cache else None)
+                report.tune_seconds = time.perf_counter() - started
+                log(f"autotune: {report.notes[0]}")
+                return report
+            batches += stream.take(num_batches * max(1, hp.accum_steps) - len(batches),
+                                   keep_reading=lambda: hard.elapsed() < 0.2 * budget_for(first))
+            reader_s = stream.seconds_per_batch()
+        finally:
+            stream.close()
+        runner.batches = list(batches)
+        # a multi-problem run: one warm-up step per task, so every capture happens in warm-up
+        runner.warmup = max(warmup, len({k for b in batches for k in b if k.startswith("task:")}))
+        facts = _calibrate(runner, baseline, model, budget_for, hard.elapsed)
+        eager_s = baseline.median if baseline.measured else first
         budget = Budget(budget_for(eager_s))
         budget.start = hard.start
         reader = ReaderFacts(reader_s, eager_s)

@@ -34,10 +34,10 @@ MIN_MEASURED = 3        # measured steps a candidate needs to be compared
 class Budget:
     """Wall-clock allowance in seconds, counted from construction."""
 
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, seconds: float, clock: Callable[[], float] | None = None) -> None:
         self.seconds = max(0.0, float(seconds))
-        self.clock = clock
-        self.start = clock()
+        self.clock = clock or time.perf_counter
+        self.start = self.clock()
 
     def elapsed(self) -> float:
         return self.clock() - self.start
@@ -98,7 +98,7 @@ class TrialRunner:
     """Runs candidates over ``batches`` (already on ``device``), counting every timed step."""
 
     def __init__(self, pristine: nn.Module, hp: HParams, batches: Sequence[Batch],
-                 device: torch.device, *, warmup: int = 2) -> None:
+                 device: torch.device, *, warmup: int = 2, check: Callable[[], None] = lambda: None) -> None:
         if not batches:
             raise ValueError("trials need at least one batch")
         self.pristine = pristine
@@ -110,6 +110,7 @@ class TrialRunner:
         self.step_calls = 0                  # every step run by this runner (the budget test counts these)
         self.round = -1                      # the interleaved round being stepped (-1: none)
         self.rng_start = snapshot_rng()       # every candidate's random streams start here
+        self.check = check                    # called before every step: raises to stop tuning (a signal)
 
     def prepare(self, trial: Trial) -> bool:
         """Validate and build a candidate; False (with ``trial.status`` set) if it cannot run."""
@@ -133,6 +134,7 @@ class TrialRunner:
 
     def step(self, trial: Trial) -> float:
         """One timed optimizer step of ``trial``; returns its seconds (inf on failure)."""
+        self.check()
         run: _CandidateRun = trial.runner
         micro = self._micro_batches(run)
         self.step_calls += 1
@@ -176,9 +178,7 @@ class TrialRunner:
                        reserve_steps: int = 0) -> list[Trial]:
         """Admit candidates (in order) that fit the budget and time them interleaved with ``reference``.
 
-        The top candidate always gets one probe step while any budget is left
-        (a step cannot be interrupted: the cap may be passed by that one step).
-        Other admissions need room for one probe step priced at the typical measured
+        A candidate is admitted only when there is room for one probe step priced at the typical measured
         step (eager's, until candidates are measured) plus the compile cost (and a
         compiling candidate needs twice its cost plus MIN_MEASURED steps, so a short
         budget is not spent on one capture),
@@ -198,13 +198,14 @@ class TrialRunner:
         rounds = 0
         while True:
             est = self.typical_step([reference] + live + done)
+            if est == float("inf") and reference.warmup_times:   # nothing measured: eager's last step
+                est = reference.warmup_times[-1]
             for cand in list(queue):                 # in priority order; a costly one does not block the rest
                 # live candidates still owe their remaining steps, and their compile cost if never stepped
                 unfinished = sum((target - t.steps_run) * t.own_estimate(est)
                                  + (t.compile_cost if t.steps_run == 0 else 0.0) for t in live)
                 need = est + cand.compile_cost
-                first_probe = not live and not done and cand.compile_cost == 0 and budget.remaining() > 0
-                if need + unfinished > budget.remaining() and not first_probe:
+                if need + unfinished > budget.remaining():   # its first step would pass the budget
                     continue
                 # compiling candidates, together, must leave at least half the budget to the cheap ones
                 compiling = sum(t.compile_cost for t in live if t.steps_run == 0)
@@ -236,7 +237,7 @@ class TrialRunner:
             members = members[shift:] + members[:shift]
             self.round, rounds = rounds, rounds + 1    # steps of one round are paired in the comparison
             for trial in members:
-                if budget.remaining() <= 0:   # a round of slow first steps must not run past the cap
+                if trial.own_estimate(est) > budget.remaining():   # no step is started past the budget
                     break
                 self.step(trial)
             self.round = -1

@@ -15,7 +15,7 @@ def test_tune_runs_on_a_multi_problem(monkeypatch):
     import hotloop.tools.autotune as autotune
     monkeypatch.setattr(autotune, "propose", lambda *a, **k: [])   # the eager baseline only: fast
     run = tiny_run()
-    report = tune(run.model, run.problem, run.hp, "cpu", planned_steps=100, cache=False, max_seconds=3,
+    report = tune(run.model, run.problem, run.hp, "cpu", planned_steps=10_000, cache=False, max_seconds=3,
                   num_batches=6, warmup=1, max_trial_steps=3, log=lambda line: None)
     assert report.trials[0].label == "eager" and report.trials[0].measured
     assert report.strategy.backend == "eager"
