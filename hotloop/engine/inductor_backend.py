@@ -4,7 +4,9 @@ Clipping and the optimizer update stay eager (multi-tensor kernels), in the one
 step. Graph breaks are counted from dynamo's counters after the first call; if
 compiling fails (no C++ compiler, an unsupported op) the micro-batch runs
 eagerly and ``fallback_reason`` says why. ``cuda_graphs=True`` selects the
-``reduce-overhead`` mode (CUDA graphs).
+``reduce-overhead`` mode (CUDA graphs). The generated code is cached on disk between runs
+(:mod:`hotloop.engine.compile_cache`); ``compile_stats`` says what the first call cost and
+whether its code was compiled or loaded from that cache.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from torch import nn
 from ..models.base import LossOutput
 from ..problems.base import Batch
 from .backends import EagerBackend, ForwardBackward
+from .compile_cache import CompileStats, measure_compile, use_compile_cache
 from .precision import Precision
 from .step_parts import LossFn, PhaseHook
 
@@ -33,8 +36,11 @@ class InductorBackend(EagerBackend):
         self.mode = "reduce-overhead" if cuda_graphs else None
         self.compiled: dict[int, Callable[..., LossOutput]] = {}     # id(loss_fn) -> compiled loss
         self.graph_breaks = 0
+        self.compile_stats: CompileStats | None = None      # the first compilation (None before it)
         if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
             self.fall_back("fallback: inductor on CPU needs a C++ compiler (none on PATH)")
+        else:
+            use_compile_cache()
 
     def _compile(self, loss_fn: LossFn) -> Callable[..., LossOutput]:
         def forward(m: nn.Module, batch: Batch, state: Any) -> tuple:
@@ -59,14 +65,20 @@ class InductorBackend(EagerBackend):
         before = sum(counters["graph_break"].values())
         compiled = self._compile(loss_fn)
         try:      # the first call compiles forward and backward (AOT autograd) before any gradient
-            out = self.forward(model, compiled, batch, state, precision, phase)
+            with measure_compile() as stats:
+                out = self.forward(model, compiled, batch, state, precision, phase)
         except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             self.fall_back(f"fallback: torch.compile failed: {type(exc).__name__}: {first[:200]}")
             return super().forward_backward(model, loss_fn, batch, state, weighted, precision, phase)
         self.compiled[key] = compiled
+        with measure_compile() as backward_stats:     # a backward compiled lazily is counted too
+            result = self.backward(out, precision, phase)
+        stats.merge(backward_stats)
         self.graph_breaks = sum(counters["graph_break"].values()) - before
-        self.report.append(f"inductor: compiled, {self.graph_breaks} graph break(s)")
+        if self.compile_stats is None:
+            self.compile_stats = stats
+        self.report.append(f"inductor: {stats.line()}, {self.graph_breaks} graph break(s)")
         for reason, count in counters["graph_break"].items():
             self.report.append(f"graph break x{count}: {str(reason).splitlines()[0][:160]}")
-        return self.backward(out, precision, phase)
+        return result

@@ -41,10 +41,12 @@ from ..hparams import HParams
 from ..models.formulation import FormulationOption
 from ..optim import build_optimizer
 from ..problems.base import Batch, Problem
+from .compile_prices import compile_price, record_compile
 from .hardware import HardwareInfo, detect_hardware
 from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
-from .proposals import Proposal, ReaderFacts, baseline_strategy, candidate_order, propose, reduced_precision
+from .proposals import (COMPILE_COSTS, Proposal, ReaderFacts, baseline_strategy, candidate_order, propose,
+                        reduced_precision)
 from .reader_trial import confirm_workers
 from .significance import compare_paired
 from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
@@ -76,6 +78,14 @@ def read_batches(problem: Problem, hp: HParams, count: int, device: torch.device
 def _engine_backends() -> tuple[str, ...]:
     """Capture backends the engine provides."""
     return ("graph", "inductor")
+
+
+def _record_compiles(key: dict, trials: Sequence[Trial]) -> None:
+    """Remember each compiling trial's first call, so the next tune of this key prices it."""
+    for trial in trials:
+        stats = getattr(getattr(getattr(trial.runner, "step", None), "backend", None), "compile_stats", None)
+        if stats is not None:
+            record_compile(key, trial.strategy.backend, stats)
 
 
 def _formulation_options(model: nn.Module) -> list[FormulationOption]:
@@ -321,8 +331,10 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         budget.start = hard.start
         reader = ReaderFacts(reader_s, eager_s)
         load = _load_average()
+        planned_run_s = planned_steps * eager_s if planned_steps else planned_seconds
+        compile_costs = {b: compile_price(key, b, COMPILE_COSTS[b])[0] for b in ("inductor",)}
         proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(),
-                            load=load, formulations=_formulation_options(model),
+                            planned_seconds=planned_run_s, compile_costs=compile_costs, load=load, formulations=_formulation_options(model),
                             clip_foldable=_clip_foldable(hp, device),
                             allow_reduced_precision=allow_reduced_precision)
         extra = [p for p in extra_proposals if allow_reduced_precision or not reduced_precision(p.apply(baseline_s))]
@@ -335,6 +347,7 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         if skipped:
             log(f"autotune: budget {budget.seconds:.1f}s: skipped {skipped}")
         winner = _choose(trials, baseline, runner, min_gain) if baseline.measured else baseline
+        _record_compiles(key, trials)
         runner.release([baseline] + trials)
         pipeline = [p for p in proposals if not p.timed]
         strategy = winner.strategy

@@ -63,8 +63,36 @@ def reduced_precision(strategy: Strategy) -> bool:
     return strategy.precision != "fp32" or strategy.tf32 or strategy.formulation.bf16_gemms
 
 
+#: default first-step cost of each capture backend, seconds (a cold inductor compile of a small model
+#: on 2 cores; ``tools/compile_prices.py`` replaces it with what this machine measured)
+COMPILE_COSTS = {"graph": 2.0, "inductor": 40.0}
+#: a compiling backend is proposed when the planned run is long enough for this share of it to pay
+#: for the compile (or for any model of many small ops)
+COMPILE_PAYBACK_SHARE = 0.05
+
+
+def _compile_rules(facts: ModelFacts, available_backends: tuple[str, ...], small_ops: bool,
+                   planned_seconds: float | None, compile_costs: dict[str, float]) -> list[Proposal]:
+    out: list[Proposal] = []
+    many_small = facts.ops_per_step >= COMPILE_OPS and small_ops
+    for backend, default in COMPILE_COSTS.items():
+        if backend not in available_backends:
+            continue
+        cost = compile_costs.get(backend, default)
+        pays = planned_seconds is not None and planned_seconds * COMPILE_PAYBACK_SHARE >= cost
+        if not (many_small or pays):
+            continue
+        why = (f"many small ops ({facts.ops_per_step}/step)" if many_small else
+               f"the planned run (~{planned_seconds:.0f} s) repays a ~{cost:.1f} s compile")
+        out.append(Proposal(f"backend={backend}", {"backend": backend},
+                            f"{why} -> whole-step capture (backend={backend})", expected_gain=0.2,
+                            compile_cost=cost))
+    return out
+
+
 def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tuple[str, ...],
-                   load: float, allow_reduced_precision: bool = True) -> list[Proposal]:
+                   load: float, allow_reduced_precision: bool = True, planned_seconds: float | None = None,
+                   compile_costs: dict[str, float] | None = None) -> list[Proposal]:
     out: list[Proposal] = []
     share = facts.flop_share
     small_ops = facts.ops_per_step > 0 and facts.flops_per_op < SMALL_OP_FLOPS
@@ -100,13 +128,7 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
             and allow_reduced_precision):
         out.append(Proposal("tf32", {"tf32": True}, "fp32 matmuls on Ampere+ -> TF32 tensor cores",
                             expected_gain=0.2, tags=("lossy",)))
-    if facts.ops_per_step >= COMPILE_OPS and small_ops:
-        for backend, cost in (("graph", 2.0), ("inductor", 40.0)):
-            if backend in available_backends:
-                out.append(Proposal(f"backend={backend}", {"backend": backend},
-                                    f"many small ops ({facts.ops_per_step}/step) -> whole-step capture "
-                                    f"(backend={backend})", expected_gain=0.2, compile_cost=cost))
-    return out
+    return out + _compile_rules(facts, available_backends, small_ops, planned_seconds, compile_costs or {})
 
 
 def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
@@ -154,16 +176,20 @@ def _data_rules(reader: ReaderFacts | None, hw: HardwareInfo, base: Strategy) ->
 def propose(facts: ModelFacts, hw: HardwareInfo, reader: ReaderFacts | None = None, *,
             base: Strategy | None = None, available_backends: tuple[str, ...] = (),
             load: float = 0.0, formulations: list[FormulationOption] | None = None,
-            clip_foldable: bool = False, allow_reduced_precision: bool = True) -> list[Proposal]:
+            clip_foldable: bool = False, allow_reduced_precision: bool = True,
+            planned_seconds: float | None = None, compile_costs: dict[str, float] | None = None) -> list[Proposal]:
     """All proposals for this model/hardware/reader, best expected gain first (timed ones first).
 
     ``load``: the 1-minute load average (``os.getloadavg()[0]``, this process included);
     other work on the cores makes fewer intra-op threads worth timing. ``formulations``:
     the model's formulation options (:func:`formulation_proposals`).
     ``allow_reduced_precision=False``: nothing below fp32 (:func:`reduced_precision`) is proposed.
+    ``planned_seconds``: the planned run's length (eager steps), against which a compile is priced;
+    ``compile_costs``: backend -> expected first-step seconds here (default :data:`COMPILE_COSTS`).
     """
     base = base or baseline_strategy()
-    proposals = (_compute_rules(facts, hw, available_backends, load, allow_reduced_precision)
+    proposals = (_compute_rules(facts, hw, available_backends, load, allow_reduced_precision, planned_seconds,
+                                compile_costs)
                  + formulation_proposals(list(formulations or []), hw, clip_foldable, allow_reduced_precision)
                  + _data_rules(reader, hw, base))
     if not allow_reduced_precision:     # whatever a rule proposes, the constraint holds

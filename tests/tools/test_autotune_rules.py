@@ -172,3 +172,38 @@ def test_large_op_models_get_no_capture_proposal():
                            {"matmul": 1.0})
     assert not any(p.label.startswith("backend=") for p in
                    propose(attention, CPU_BF16, available_backends=("graph", "inductor")))
+
+
+def test_compiling_backends_are_proposed_when_the_planned_run_repays_the_compile():
+    big = facts({"conv": 1.0}, ops=50, flops=5e10)           # few large ops: not a "many small ops" model
+    both = ("graph", "inductor")
+    assert not any(p.label.startswith("backend=") for p in propose(big, CPU_PLAIN, available_backends=both,
+                                                                   planned_seconds=30.0))   # 5% < 2 s
+    long_run = {p.label: p for p in propose(big, CPU_PLAIN, available_backends=both, planned_seconds=1000.0)}
+    assert {"backend=graph", "backend=inductor"} <= set(long_run)   # 5% of 1000 s repays the 40 s default
+    assert long_run["backend=inductor"].compile_cost == 40.0 and "repays" in long_run["backend=inductor"].rule
+    short = labels(propose(big, CPU_PLAIN, available_backends=both, planned_seconds=100.0))
+    assert "backend=graph" in short and "backend=inductor" not in short       # 5 s repays 2 s, not 40 s
+    cached = {p.label: p for p in propose(big, CPU_PLAIN, available_backends=both, planned_seconds=100.0,
+                                          compile_costs={"inductor": 2.5})}
+    assert "backend=inductor" in cached and cached["backend=inductor"].compile_cost == 2.5
+
+
+def test_compile_prices_remember_cold_and_cached_compiles(tmp_path, monkeypatch):
+    from hotloop.engine.compile_cache import CompileStats
+    from hotloop.tools.compile_prices import CACHED_FRACTION, compile_price, record_compile
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    key = {"model": "MLP", "shapes": [[4, 8]]}
+    assert compile_price(key, "inductor", 40.0) == (40.0, "not compiled here before")
+    (tmp_path / "inductor").mkdir()
+    (tmp_path / "inductor" / "fxgraph").mkdir()                  # the compile cache holds code
+    record_compile(key, "inductor", CompileStats(80.0, {"fxgraph_cache_miss": 2}))
+    assert compile_price(key, "inductor", 40.0)[0] == CACHED_FRACTION * 80.0
+    record_compile(key, "inductor", CompileStats(3.0, {"fxgraph_cache_hit": 2}))
+    assert compile_price(key, "inductor", 40.0) == (3.0, "cached compile (measured)")
+    assert compile_price({**key, "shapes": [[8, 8]]}, "inductor", 40.0)[0] == 40.0   # another shape: unknown
+    (tmp_path / "inductor" / "fxgraph").rmdir()
+    assert compile_price(key, "inductor", 40.0) == (40.0, "the compile cache folder is gone")
+    next(tmp_path.joinpath("compile").iterdir()).write_text("{not json")
+    assert compile_price(key, "inductor", 40.0)[0] == 40.0      # an unreadable record is ignored
