@@ -43,8 +43,11 @@ SCRIPT = textwrap.dedent('''
     torch._dynamo.reset()
     warm_losses, warm_params, warm = run()
     same = all(torch.equal(a, b) for a, b in zip(cold_params, warm_params))
-    print(json.dumps({"fallback": cold.fallback_reason, "cold": [cold.compile_stats.seconds, cold.compile_stats.counts],
-                      "warm": [warm.compile_stats.seconds, warm.compile_stats.counts],
+    def stats(backend):
+        s = backend.compile_stats
+        return [s.seconds, s.counts] if s is not None else [0.0, {}]
+
+    print(json.dumps({"fallback": cold.fallback_reason, "cold": stats(cold), "warm": stats(warm),
                       "same_params": same, "cold_losses": cold_losses, "warm_losses": warm_losses}))
 ''')
 
@@ -59,9 +62,10 @@ def test_cached_compile_gives_the_same_step_as_a_fresh_one(tmp_path: Path) -> No
                           timeout=580)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    if out["fallback"] is not None:       # inductor's AVX2 kernels miscompile this MLP (see test_engine_optim_explain)
-        assert out["fallback"].startswith("fallback: torch.compile failed"), out
-        pytest.skip(f"inductor fell back on this CPU: {out['fallback']}")
+    if out["fallback"] is not None:       # inductor's AVX2 kernels miscompile this MLP (see test_engine_optim_explain):
+        assert out["fallback"].startswith("fallback: torch.compile failed"), out   # the step runs eagerly, and says so
+        assert out["same_params"] and out["cold_losses"] == out["warm_losses"], out
+        return
     cold, warm = CompileStats(*out["cold"]), CompileStats(*out["warm"])
     assert not cold.cached and cold.counts["fxgraph_cache_miss"] > 0, out
     assert warm.cached, out                                    # every graph loaded, nothing compiled
