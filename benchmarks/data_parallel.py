@@ -1,6 +1,7 @@
 """Data-parallel throughput on one machine: 1 process x 2 threads vs 2 processes x 1 thread.
 
     PYTHONPATH=. python benchmarks/data_parallel.py [--json FILE] [--rounds 5]
+    PYTHONPATH=. python benchmarks/data_parallel.py --fsdp-memory --json FILE [--hparams bert_base]
 
 One 2-rank gloo job (launched with ``torch.distributed.run``) runs all
 contenders interleaved, round by round after warm-up, and reports medians:
@@ -9,11 +10,15 @@ contenders interleaved, round by round after warm-up, and reports medians:
   waits in a barrier, which sleeps in a socket read; its CPU time is reported);
 - ``single_1t``: the same with 1 thread (the scaling baseline);
 - ``allreduce``: both ranks, 1 thread each, half the batch each, DDP buckets;
-- ``reduce``: the same with Paddle's Reduce mode (reduce-to-owner, sharded
-  optimizer, fused parameter broadcast).
+- ``reduce``: the same with ZeRO-1 (DDP plus ``ZeroRedundancyOptimizer``);
+- ``fsdp``: the same with FSDP2 (parameters, gradients and optimizer state sharded).
 
 Workloads: the LSTM LM (``lstm_lm_small`` on ``ptb_lm``) and ``conv_net_base``
 on ``image_synthetic``. Also reported: optimizer-state bytes held per rank.
+
+``--fsdp-memory`` measures instead the per-rank bytes of parameters + gradients + optimizer
+state of BERT under FSDP and DDP at 2 and 4 ranks, and both loss curves
+(:mod:`fsdp_memory`); it writes ``{"memory_ratio": {"2": r2, "4": r4}, ...}``.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 # name -> (runner, intra-op threads per process)
 CONTENDERS = {"single_2t": ("single", 2), "single_1t": ("single", 1),
-              "allreduce": ("allreduce", 1), "reduce": ("reduce", 1)}
+              "allreduce": ("allreduce", 1), "reduce": ("reduce", 1), "fsdp": ("fsdp", 1)}
 
 
 def _cpu_name() -> str:
@@ -129,7 +134,8 @@ def worker(args: argparse.Namespace) -> None:
             dist.barrier()
             runners = {"single": Runner(work, None) if rank == 0 else None,
                        "allreduce": Runner(work, ProcessGroupContext("allreduce", args.bucket_mb)),
-                       "reduce": Runner(work, ProcessGroupContext("reduce", args.bucket_mb))}
+                       "reduce": Runner(work, ProcessGroupContext("reduce", args.bucket_mb)),
+                       "fsdp": Runner(work, ProcessGroupContext("fsdp"))}
             times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
             idle_cpu: list[float] = []
             names = list(CONTENDERS)
@@ -206,6 +212,13 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _machine(load_before: tuple[float, ...]) -> dict[str, Any]:
+    import torch
+    return {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), "backend": "gloo (loopback)",
+            "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=None, help="write the results here")
@@ -213,15 +226,38 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--workloads", default="lstm,conv")
     parser.add_argument("--ptb-raw", default=str(REPO.parent / "shared" / "data" / "ptb"))
+    parser.add_argument("--fsdp-memory", action="store_true",
+                        help="per-rank memory of BERT under FSDP vs DDP at 2 and 4 ranks, and both loss curves")
+    parser.add_argument("--hparams", default="bert_base", help="--fsdp-memory: the BERT hparams set")
+    parser.add_argument("--steps", type=int, default=50, help="--fsdp-memory: steps at 2 ranks (loss curves)")
+    parser.add_argument("--memory-steps", type=int, default=2, help="--fsdp-memory: steps at 4 ranks")
+    parser.add_argument("--batch", type=int, default=8, help="--fsdp-memory: global batch (a multiple of 4)")
+    parser.add_argument("--seq-len", type=int, default=32, help="--fsdp-memory: tokens per example")
+    parser.add_argument("--vocab", type=int, default=30522, help="--fsdp-memory: vocabulary size")
+    parser.add_argument("--ddp-at-4", action="store_true", help="--fsdp-memory: also run DDP on 4 ranks")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fsdp-memory-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--modes", default="allreduce,fsdp", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]
     if args.worker:
         worker(args)
         return
+    from fsdp_memory import memory_worker, run_memory
+    if args.fsdp_memory_worker:
+        memory_worker(args)
+        return
     from hotloop.parallel.launch import launch
     load_before = os.getloadavg()
+    if args.fsdp_memory:
+        if args.batch % 4:
+            raise SystemExit("--batch must be a multiple of 4 (4 ranks)")
+        report = {"machine": _machine(load_before), **run_memory(args, __file__, REPO, launch)}
+        print(json.dumps({k: report[k] for k in ("machine", "memory_ratio", "config")}, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
         argv = [__file__, "--worker", "--out", str(out), "--rounds", str(args.rounds),
@@ -231,10 +267,7 @@ def main() -> None:
             "HOTLOOP_DIST_TIMEOUT_S": "1800",
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
         report = json.loads(out.read_text())
-    import torch
-    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-               "python": platform.python_version(), "backend": "gloo (loopback)",
-               "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+    machine = _machine(load_before)
     print(f"machine: {machine}")
     print(table(report))
     if args.json:

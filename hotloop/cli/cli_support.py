@@ -19,7 +19,7 @@ from ..parallel.group import is_distributed_env
 from ..parallel.launch import ELASTIC_ENV, launch, strip_launch_flags
 from ..parallel.nodes import NODE_FLAGS, NodeSpec, node_spec
 
-__all__ = ["maybe_launch", "join_job", "in_worker", "worker_device", "prepare_in_rank_order", "flag_value",
+__all__ = ["maybe_launch", "join_job", "join_single_process_job", "in_worker", "worker_device", "prepare_in_rank_order", "flag_value",
            "flag_text", "restart_resume", "job_nodes", "dist_timeout"]
 
 
@@ -93,6 +93,16 @@ def join_job() -> Any:
     """Join the multi-process job; returns a :class:`ProcessGroupContext` (mode from the Strategy later)."""
     from ..parallel.context import ProcessGroupContext
     return ProcessGroupContext.from_env()
+
+
+def join_single_process_job(request: Any) -> Any:
+    """One process asked for ``data_parallel=fsdp``: a one-rank :class:`ProcessGroupContext` (FSDP needs
+    a process group even at world size 1); None for any other Strategy."""
+    mode = request.overrides.get("data_parallel", request.base.data_parallel)
+    if mode != "fsdp":
+        return None
+    from ..parallel.context import ProcessGroupContext
+    return ProcessGroupContext.single_process(mode)
 
 
 def worker_device(device: str) -> str:

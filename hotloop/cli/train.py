@@ -322,6 +322,8 @@ def _run_owned(args: argparse.Namespace, problem_cls: type, model_cls: type, hpa
             return 0
     if cli_support.in_worker():
         job = cli_support.join_job()
+    else:
+        job = cli_support.join_single_process_job(request)
     try:
         return _train(args, problem_cls, model_cls, hparams_name, hp, request, out, job)
     except OSError as exc:

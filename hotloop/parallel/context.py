@@ -70,6 +70,17 @@ class ProcessGroupContext:
         return cls(mode, bucket_mb)
 
     @classmethod
+    def single_process(cls, mode: str = "fsdp", backend: str | None = None) -> "ProcessGroupContext":
+        """A one-rank job in this process (an in-memory store; NCCL on CUDA), e.g. FSDP at world size 1."""
+        from .group import default_backend
+        if not dist.is_initialized():
+            backend = backend or default_backend()
+            if backend == "nccl":
+                torch.cuda.set_device(torch.cuda.current_device())
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        return cls(mode)
+
+    @classmethod
     def for_strategy(cls, strategy: Any) -> "ProcessGroupContext":
         """A context (in the already joined job) whose mode, bucket size and FSDP settings are ``strategy``'s."""
         return cls(strategy.data_parallel, strategy.bucket_mb,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -112,6 +113,9 @@ def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer, config: FSDP
                 device: torch.device, group: Any = None) -> FSDPModel:
     """Shard ``model`` (units, then the root) and re-point ``optimizer``; patch the model's calls."""
     check_unrouted(model)
+    # The root returns the model's LossOutput, whose tensors may be views; nothing here modifies
+    # them in place (the case FSDP warns about), so its warning is noise for this adapter only.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPMethodAdapter\) returned a view")
     policy = mixed_precision_policy(config.precision)
     mesh = _mesh(group, device)
     _broadcast_from_rank0(model, group)

@@ -71,3 +71,30 @@ def test_auto_trains_with_fsdp_when_ddp_does_not_fit(tmp_path: Path) -> None:
     assert "chosen: data_parallel=fsdp (only fsdp fits the budget (allreduce, reduce do not))" in proc.stdout
     assert json.loads((out / "run.json").read_text())["strategy"]["data_parallel"] == "fsdp"
     assert "done: 2 steps" in proc.stdout
+
+
+def test_fsdp_in_one_process_shards_over_a_one_rank_group(tmp_path: Path) -> None:
+    """``data_parallel=fsdp`` without ``--nproc``: a one-rank process group, the model's parameters DTensors."""
+    import torch
+
+    from hotloop.compose.plan import StrategyRequest
+    from hotloop.cli.cli_support import join_single_process_job
+    from hotloop.models.conv import ConvNet, ConvNetHParams
+    from hotloop.problems.synthetic_images import SyntheticImages
+    from hotloop.train.trainer import Trainer
+    assert join_single_process_job(StrategyRequest.parse("default", "data_parallel=allreduce")) is None
+    request = StrategyRequest.parse("default", "data_parallel=fsdp,prefetch=0")
+    job = join_single_process_job(request)
+    try:
+        hp = ConvNetHParams(image_size=8, image_channels=2, num_classes=5, conv_channels=(4, 8), batch_size=8,
+                            optimizer="adam", train_examples=32, eval_examples=16)
+        problem = SyntheticImages()
+        model = ConvNet(hp, problem.spec(hp))
+        trainer = Trainer(problem, model, hp, strategy=request.fixed(), output_dir=tmp_path, max_steps=2,
+                          eval_every=0, loggers=[], dist=job.for_strategy(request.fixed()))
+        assert trainer.fit().steps == 2
+        assert all(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
+        saved = torch.load(next((tmp_path / "checkpoints").glob("*.ckpt")), weights_only=True)
+        assert set(saved["model"]) == set(ConvNet(hp, problem.spec(hp)).state_dict())
+    finally:
+        job.close()
