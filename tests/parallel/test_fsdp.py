@@ -64,15 +64,17 @@ def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
-def bert_run(rank: int, mode: str, *, checkpointing: bool = False, count_rs: bool = False) -> dict[str, Any]:
+def bert_run(rank: int, mode: str, *, checkpointing: bool = False, count_rs: bool = False,
+             precision: str = "fp32") -> dict[str, Any]:
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
     from hotloop.parallel import ProcessGroupContext
+    from hotloop.parallel.fsdp import FSDPConfig
     torch.manual_seed(0)
     model = BERT(HP, SPEC)
     set_activation_checkpointing(model, checkpointing)
     optimizer = build_optimizer(model.parameters(), HP)
-    ctx = ProcessGroupContext(mode, 0.002)
+    ctx = ProcessGroupContext(mode, 0.002, fsdp=FSDPConfig(precision))
     model, optimizer, no_sync = ctx.wrap(model, optimizer)
     calls = [0]
 
@@ -80,10 +82,16 @@ def bert_run(rank: int, mode: str, *, checkpointing: bool = False, count_rs: boo
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             calls[0] += 1
             return super().__call__(*args, **kwargs)
+    gathered_dtypes: set[str] = set()
+    if mode == "fsdp":                     # the dtype a block computes with (its gathered parameters)
+        block = ctx.routed.units[0]
+        inner = block.forward
+        block.forward = lambda *a, **k: (gathered_dtypes.add(str(block.qkv.weight.dtype)), inner(*a, **k))[1]
     if count_rs:
         for unit in ctx.routed.fsdp_modules():
             unit.set_custom_reduce_scatter(Counting())
-    step = compile_step(model, None, optimizer, Strategy(), max_grad_norm=HP.max_grad_norm, no_sync=no_sync)
+    step = compile_step(model, None, optimizer, Strategy(precision=precision), max_grad_norm=HP.max_grad_norm,
+                        no_sync=no_sync)
     torch.manual_seed(1 + rank)                                     # dropout masks per rank
     data, losses, norms, per_step = batches(rank, STEPS * ACCUM), [], [], []
     for i in range(STEPS):
@@ -94,6 +102,8 @@ def bert_run(rank: int, mode: str, *, checkpointing: bool = False, count_rs: boo
         norms.append(float(result.grad_norm))
         per_step.append(calls[0] - before)
     out = {"losses": losses, "norms": norms, "params": full_params(model), "reduce_scatters": per_step,
+           "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+           "gathered_dtypes": sorted(gathered_dtypes),
            "fsdp_modules": len(ctx.routed.fsdp_modules()) if mode == "fsdp" else 0}
     ctx.routed.unpatch()
     return out
@@ -139,7 +149,8 @@ def worker(rank: int, store_file: str, out_dir: str) -> None:
     init_process_group("gloo", timeout_s=60, store_file=store_file)
     out = Path(out_dir)
     results = {"ddp": bert_run(rank, "allreduce"), "fsdp": bert_run(rank, "fsdp", count_rs=True),
-               "fsdp_ckpt": bert_run(rank, "fsdp", checkpointing=True), "nonfinite": nonfinite_check(rank)}
+               "fsdp_ckpt": bert_run(rank, "fsdp", checkpointing=True), "nonfinite": nonfinite_check(rank),
+               "fsdp_bf16": bert_run(rank, "fsdp", precision="bf16")}
     trainer_run(out / "fsdp3", 3, "fsdp", ProcessGroupContext("fsdp")).fit()
     trainer_run(out / "fsdp5", 5, "fsdp", ProcessGroupContext("fsdp")).fit()
     trainer_run(out / "fsdp3", 5, "fsdp", ProcessGroupContext("fsdp")).fit(resume=True)
@@ -193,6 +204,17 @@ def test_activation_checkpointing_is_bitwise_equal(runs: dict) -> None:
     assert ckpt["losses"] == plain["losses"] and ckpt["norms"] == plain["norms"]
     for name, value in plain["params"].items():
         assert torch.equal(ckpt["params"][name], value), name
+
+
+@pytest.mark.timeout(180)
+def test_bf16_computes_in_bf16_and_keeps_fp32_shards(runs: dict) -> None:
+    """MixedPrecisionPolicy(bf16 params, fp32 reduce): the sharded parameters stay fp32 and the
+    losses follow the fp32 run within bf16 rounding (about 3 significant digits)."""
+    bf16, fp32 = runs["fsdp_bf16"], runs["fsdp"]
+    assert bf16["param_dtypes"] == fp32["param_dtypes"] == ["torch.float32"]
+    assert bf16["gathered_dtypes"] == ["torch.bfloat16"] and fp32["gathered_dtypes"] == ["torch.float32"]
+    assert bf16["losses"] != fp32["losses"]                          # it did compute in bf16
+    torch.testing.assert_close(bf16["losses"], fp32["losses"], rtol=2e-2, atol=0.0)
 
 
 @pytest.mark.timeout(180)
