@@ -24,7 +24,7 @@ from hotloop.builtin import declare_builtins
 from hotloop.engine.build import build_step
 from hotloop.engine.strategy import Strategy
 from hotloop.hparams import get_hparams
-from hotloop.optim import build_schedule
+from hotloop.schedules import build_schedule
 from hotloop.registry import models, problems
 
 __all__ = ["evaluate", "plot_log", "main"]

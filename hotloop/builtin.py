@@ -78,11 +78,13 @@ BUILTINS: dict[Registry, dict[str, str]] = {
     },
     optimizers: {name: f"hotloop.optim:{name}" for name in ("sgd", "momentum", "adam", "adamw")},
     lr_schedules: {
-        "constant": "hotloop.optim:Constant",
-        "rsqrt_decay": "hotloop.optim:RsqrtDecay",
-        "cosine": "hotloop.optim:Cosine",
-        "epoch_decay": "hotloop.optim:EpochDecay",
-        "plateau": "hotloop.optim:Plateau",
+        "constant": "hotloop.schedules:Constant",
+        "linear": "hotloop.schedules:Linear",
+        "cosine": "hotloop.schedules:Cosine",
+        "rsqrt_decay": "hotloop.schedules:RsqrtDecay",
+        "inverse_sqrt": "hotloop.schedules:RsqrtDecay",
+        "epoch_decay": "hotloop.schedules:EpochDecay",
+        "plateau": "hotloop.schedules:Plateau",
     },
     evaluators: {
         "detect": "hotloop.detection.evaluate:evaluate_detect_task",

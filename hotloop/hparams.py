@@ -49,6 +49,8 @@ class HParams:
     warmup_steps: int = 0
     lr_decay: float = 1.0          # multiplicative decay factor used by decay schedules
     lr_decay_start_epoch: int = 0  # epoch after which step/epoch decay starts
+    min_lr: float = 0.0            # decay schedules' floor as an absolute LR (0: use min_lr_ratio)
+    min_lr_ratio: float = 0.0      # decay schedules' floor as a fraction of learning_rate
     max_grad_norm: float = 0.0     # clip by global norm; 0 disables
     no_decay_bias_norm: bool | None = None   # no weight decay on biases and norm weights (None: adamw only)
     layerwise_lr_decay: float = 1.0  # LR x decay**(depth below the top) per layer (models with parameter_depth)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import CLIError
+from .monitor_flags import add_monitor_flags, check_monitor_flags, early_stopping, monitor_settings
 
 __all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "add_init_arguments", "run", "check_output_dir",
            "check_writable", "take_run_lock", "print_summary", "TRAIN_DEFAULTS"]
@@ -40,7 +41,8 @@ RUN_FLAGS = True
 #: defaults of the train settings that a config file may set (flags default to None = "not given")
 TRAIN_DEFAULTS: dict[str, Any] = {"eval_every": 500, "keep_last": 3, "strategy": "auto",
                                   "loggers": "jsonl,tensorboard", "on_nonfinite": "stop", "eval_bleu": 0,
-                                  "init_strict": False, "init_hparams_from_config": False}
+                                  "init_strict": False, "init_hparams_from_config": False,
+                                  "mode": "min", "early_stop": 0, "early_stop_min_delta": 0.0}
 #: config key -> argparse dest, where they differ
 _DEST = {"overrides": "override", "strategy_overrides": "strategy_override"}
 #: the namespace attribute with the arguments typed after ``hotloop train`` (set by :func:`hotloop.cli.main`)
@@ -75,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of jsonl, csv, tensorboard, wandb, mlflow, none (default jsonl,tensorboard)")
     parser.add_argument("--on-nonfinite", choices=("stop", "skip"), default=None,
                         help="a non-finite loss stops the run (default) or its update is skipped and counted")
+    add_monitor_flags(parser)
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel worker processes")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart a failed worker group N times")
     parser.add_argument("--nnodes", default=None, metavar="N|MIN:MAX",
@@ -283,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
         check_init_sizes(args.init_weights, hp)
     request = strategy_request(args)
     parse_logger_names(args.loggers)
+    check_monitor_flags(args)
     if args.eval_bleu < 0:
         raise CLIError(f"--eval-bleu must be >= 0, got {args.eval_bleu}")
     if args.eval_bleu and not supports_bleu(problem_cls):
@@ -348,7 +352,8 @@ def run_info(args: argparse.Namespace, hparams_name: str, out: Path) -> dict[str
             "max_time": args.max_time, "eval_every": args.eval_every, "keep_last": args.keep_last,
             "loggers": args.loggers, "on_nonfinite": args.on_nonfinite, "eval_bleu": args.eval_bleu,
             "init_from": args.init_from, "init_strict": args.init_strict,
-            "init_hparams_from_config": args.init_hparams_from_config, "output_dir": str(out)}
+            "init_hparams_from_config": args.init_hparams_from_config, **monitor_settings(args),
+            "output_dir": str(out)}
 
 
 def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams_name: str, hp: Any,
@@ -370,15 +375,16 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
     strategy = plan_strategy(request, model=model, problem=problem, hp=hp, device=args.device,
                              max_time=args.max_time, log=print, dist=job)
     dist = job.for_strategy(strategy) if job is not None else None
-    callbacks = build.run_callbacks(problem)
+    callbacks = build.run_callbacks(problem, args.monitor, args.mode)
     callbacks.extend(getattr(args, "extra_callbacks", ()))   # a caller's own (hotloop search's trial reporter)
     if args.eval_bleu:
         callbacks.append(BleuAtEval(args.eval_bleu))
+    callbacks += early_stopping(args)
     trainer = Trainer(problem, model, hp, strategy=strategy, device=args.device, output_dir=out,
                       max_time=args.max_time, eval_every=args.eval_every, keep_last=args.keep_last,
                       run_info=info, dist=dist, callbacks=callbacks, loggers=loggers,
                       on_nonfinite=args.on_nonfinite, init_from=getattr(args, "init_weights", None),
-                      init_strict=args.init_strict)
+                      init_strict=args.init_strict, monitor=args.monitor, mode=args.mode)
     code = 0
     try:
         result = trainer.fit(resume=args.resume)

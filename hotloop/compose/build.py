@@ -47,13 +47,14 @@ def problem_class(problem: str, model_cls: type | None = None) -> type:
     return problems.get(problem)
 
 
-def run_callbacks(problem: Problem) -> list[Callback]:
+def run_callbacks(problem: Problem, monitor: str | None = None, mode: str = "min") -> list[Callback]:
     """The callbacks a run of ``problem`` needs besides the Trainer's own: for a MultiProblem,
-    :class:`~hotloop.train.best_per_split.BestPerSplit` (the best checkpoint per problem)."""
+    :class:`~hotloop.train.best_per_split.BestPerSplit` (the best checkpoint per problem by
+    ``monitor`` in ``mode``)."""
     from ..problems.multi_problem import MultiProblem
     if isinstance(problem, MultiProblem):
         from ..train.best_per_split import BestPerSplit
-        return [BestPerSplit(problem.eval_splits)]
+        return [BestPerSplit(problem.eval_splits, monitor, mode)]
     return []
 
 

@@ -42,6 +42,7 @@ CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "keep_last": _INT, "output_dir": _OPT_STR, "data_dir": _OPT_STR, "raw_dir": _OPT_STR, "raw_root": _OPT_STR,
     "imports": (list,), "loggers": (str, list), "on_nonfinite": _STR, "resume": _BOOL, "eval_bleu": _INT,
     "init_from": _OPT_STR, "init_strict": _BOOL, "init_hparams_from_config": _BOOL,
+    "monitor": _OPT_STR, "mode": _STR, "early_stop": _INT, "early_stop_min_delta": _NUM,
 }
 #: other spellings accepted (``run.json`` writes ``hparams_set``)
 ALIASES = {"hparams_set": "hparams", "strategy_override": "strategy_overrides", "override": "overrides",

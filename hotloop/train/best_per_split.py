@@ -1,13 +1,15 @@
 """Keep the best checkpoint of every evaluation split (each problem of a multi-problem run).
 
 The Trainer's ``best.json`` follows the first eval split. :class:`BestPerSplit` watches
-every ``EVAL_END`` of its splits and, when a split's loss improves, keeps that step's
+every ``EVAL_END`` of its splits and, when a split's monitored metric (default ``loss``, lower is
+better; ``mode="max"``: higher is better) improves, keeps that step's
 checkpoint as ``checkpoints/best-<name>.ckpt`` (a hard link, else a copy) where
 ``<name>`` is the split without its ``valid/`` prefix; ``best-mean.ckpt`` is the step
-with the lowest mean loss over all the splits (one evaluation round). These names do
+with the best mean of the metric over all the splits (one evaluation round). These names do
 not match the ``step-*.ckpt`` files the CheckpointManager prunes, so they stay. Each gets
 the manifest of its step (``best-<name>.manifest.json``), so it verifies like one.
-``checkpoints/best_per_split.json`` records ``{name: {"split", "step", "loss", "file"}}``.
+``checkpoints/best_per_split.json`` records ``{name: {"split", "step", "monitor", "value", "file"}}``
+(and ``"loss"``, the value, when the monitor is ``loss``).
 The records are callback state, so a resumed run keeps comparing against them.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .events import Callback, Event
 from .manifest import manifest_path
+from .monitor import check_metric, check_mode, is_better
 
 if TYPE_CHECKING:  # pragma: no cover
     from .trainer import Trainer
@@ -47,18 +50,23 @@ def best_checkpoint_for(output_dir: str | Path, name: str) -> Path | None:
 
 
 class BestPerSplit(Callback):
-    """See the module doc; ``monitor`` is the metric to minimise (default ``loss``)."""
+    """See the module doc; ``monitor`` in ``mode`` (``None``: ``loss``, not checked; a name given is
+    checked at the start of ``fit()`` like ``--monitor``)."""
 
-    def __init__(self, splits: Sequence[str], monitor: str = "loss") -> None:
+    def __init__(self, splits: Sequence[str], monitor: str | None = None, mode: str = "min") -> None:
         self.splits = tuple(splits)
-        self.monitor = monitor
-        self.best: dict[str, dict[str, Any]] = {}   # name -> {"split", "step", "loss"}
+        self.explicit, self.monitor = monitor is not None, monitor or "loss"
+        self.mode = check_mode(mode, "BestPerSplit mode")
+        self.best: dict[str, dict[str, Any]] = {}   # name -> {"split", "step", "monitor", "value", "file"}
         self._round: dict[str, float] = {}
         self._round_step = -1
         self._linked: dict[str, int] = {}          # name -> step its best-<name>.ckpt holds (this process)
 
     def on_event(self, event: Event, trainer: "Trainer", **info: Any) -> None:
-        if event is Event.EVAL_END and info.get("split") in self.splits:
+        if event is Event.FIT_START and self.explicit:
+            for split in self.splits:
+                check_metric(self.monitor, trainer.metric_names(split), split)
+        elif event is Event.EVAL_END and info.get("split") in self.splits:
             self._on_eval(trainer, info["split"], info["metrics"])
         elif event is Event.CHECKPOINT and info.get("path") is not None:
             self._keep(trainer, Path(info["path"]))
@@ -78,10 +86,11 @@ class BestPerSplit(Callback):
         if manager is not None and manager.path_for(trainer.step).is_file():
             self._keep(trainer, manager.path_for(trainer.step))   # this step was saved already
 
-    def _consider(self, name: str, split: str, loss: float, step: int) -> None:
+    def _consider(self, name: str, split: str, value: float, step: int) -> None:
         old = self.best.get(name)
-        if old is None or loss < old["loss"]:
-            self.best[name] = {"split": split, "step": step, "loss": loss, "file": f"best-{name}.ckpt"}
+        if old is None or is_better(value, old.get("value", old.get("loss")), self.mode):
+            entry = {"split": split, "step": step, "monitor": self.monitor, "value": value, "file": f"best-{name}.ckpt"}
+            self.best[name] = {**entry, "loss": value} if self.monitor == "loss" else entry
 
     def _keep(self, trainer: "Trainer", path: Path) -> None:
         """Link ``path`` (the checkpoint of ``trainer.step``) as the best of every name it is best for."""

@@ -50,6 +50,8 @@ class BleuAtEval(Callback):
     """
 
     state_key = "bleu_at_eval"
+    #: the metrics it adds to an evaluation (``--monitor bleu`` is known at start)
+    adds_metrics = ("bleu", "bleu_sentences", "bleu_seconds")
 
     def __init__(self, batches: int, *, split: str | None = None, beam_size: int = 1, alpha: float = 0.6,
                  batch_size: int = 64) -> None:

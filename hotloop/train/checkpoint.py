@@ -244,8 +244,11 @@ class CheckpointManager:
         return None
 
     def save(self, step: int, meta: dict[str, Any], tensors: dict[str, Any],
-             valid_loss: float | None = None) -> Path:
-        """Write the checkpoint for ``step``, update the best record, prune old files."""
+             valid_loss: float | None = None, best_info: dict[str, Any] | None = None) -> Path:
+        """Write the checkpoint for ``step``, update the best record, prune old files.
+
+        ``valid_loss`` is the score the best is chosen by (lower is better: the Trainer passes its
+        monitored metric, negated for ``mode=max``); ``best_info`` is added to ``best.json``."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
         manifest_path(self.path_for(step)).unlink(missing_ok=True)   # it would describe the old bytes
@@ -258,7 +261,8 @@ class CheckpointManager:
             self.best_step, self.best_loss = step, float(valid_loss)
             tmp = self.directory / f".tmp-best.json-{os.getpid()}"
             try:
-                tmp.write_text(json.dumps({"step": step, "file": path.name, "valid_loss": valid_loss}))
+                tmp.write_text(json.dumps({"step": step, "file": path.name, "valid_loss": valid_loss,
+                                           **(best_info or {})}))
                 os.replace(tmp, self.directory / "best.json")
             except OSError as exc:
                 tmp.unlink(missing_ok=True)

@@ -10,6 +10,8 @@ import enum
 import math
 from typing import TYPE_CHECKING, Any, Iterable
 
+from .monitor import MonitorError, check_metric, check_mode, is_better
+
 if TYPE_CHECKING:  # pragma: no cover
     from .trainer import Trainer
 
@@ -21,6 +23,7 @@ class Event(enum.Enum):
 
     FIT_START = "fit_start"      # resumed: bool
     EPOCH_START = "epoch_start"  # epoch
+    STEP_START = "step_start"    # step (about to run; the LR is written: an LR owner sets its own here)
     STEP_END = "step_end"        # step (no metrics: reading them would sync the device)
     LOG = "log"                  # row: dict of training metrics (every sync_every steps)
     EVAL_END = "eval_end"        # split, metrics: dict
@@ -85,31 +88,49 @@ class CallbackList:
 
 
 class EarlyStopping(Callback):
-    """Stop when ``monitor`` on ``split`` has not improved by ``min_delta`` for ``patience`` evals."""
+    """Stop when ``monitor`` on ``split`` has not improved by ``min_delta`` for ``patience`` evals.
+
+    ``split=None`` watches the Trainer's first evaluation split. A ``monitor`` the evaluation does
+    not produce is a :class:`~hotloop.train.monitor.MonitorError` at the start of ``fit()``. The best
+    value and the count of evaluations without improvement are checkpointed (callback state).
+    """
 
     def __init__(self, monitor: str = "loss", patience: int = 3, min_delta: float = 0.0,
-                 mode: str = "min", split: str = "valid") -> None:
-        if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}")
-        self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
+                 mode: str = "min", split: str | None = None) -> None:
+        check_mode(mode, "EarlyStopping mode")
+        if not isinstance(patience, int) or patience < 1:
+            raise MonitorError(f"EarlyStopping patience must be an integer >= 1, got {patience!r}")
+        if not min_delta >= 0:
+            raise MonitorError(f"EarlyStopping min_delta must be >= 0, got {min_delta!r}")
+        self.monitor, self.patience, self.min_delta = monitor, patience, float(min_delta)
         self.mode, self.split = mode, split
         self.best = math.inf if mode == "min" else -math.inf
         self.bad_evals = 0
 
+    def _split(self, trainer: "Trainer") -> str:
+        splits = tuple(trainer.eval_splits)
+        split = self.split if self.split is not None else (splits[0] if splits else None)
+        if split is None or split not in splits:
+            raise MonitorError(f"EarlyStopping watches split {split!r}, which this run does not evaluate "
+                               f"(its evaluation splits: {', '.join(splits) or 'none'})")
+        return split
+
     def on_event(self, event: Event, trainer: "Trainer", **info: Any) -> None:
-        if event is not Event.EVAL_END or info.get("split") != self.split:
+        if event is Event.FIT_START:
+            split = self._split(trainer)
+            check_metric(self.monitor, trainer.metric_names(split), split, "EarlyStopping monitor")
             return
-        value = info["metrics"].get(self.monitor)
-        if value is None:
+        if event is not Event.EVAL_END or info.get("split") != self._split(trainer):
             return
-        better = (value < self.best - self.min_delta if self.mode == "min"
-                  else value > self.best + self.min_delta)
-        if better:
-            self.best, self.bad_evals = float(value), 0
+        metrics = info["metrics"]
+        check_metric(self.monitor, metrics, info["split"], "EarlyStopping monitor")
+        value = float(metrics[self.monitor])
+        if is_better(value, self.best, self.mode, self.min_delta):
+            self.best, self.bad_evals = value, 0
         else:
             self.bad_evals += 1
             if self.bad_evals >= self.patience:
-                trainer.request_stop(f"early stopping: {self.split} {self.monitor} did not improve "
+                trainer.request_stop(f"early stopping: {info['split']} {self.monitor} did not improve "
                                      f"for {self.patience} evaluations (best {self.best:.4f})")
 
     def state_dict(self) -> dict[str, Any]:

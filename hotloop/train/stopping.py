@@ -28,6 +28,7 @@ class StopControl:
         self.max_time = max_time
         self.signum: int | None = None        # the stop signal received (or agreed on)
         self.message: str | None = None       # a callback's request_stop() reason
+        self.agreed = False                   # every rank agreed on a signal in signalled()
         self.start = time.monotonic()
 
     def restart_clock(self) -> None:
@@ -61,6 +62,16 @@ class StopControl:
             self.signum = signum
         return signum, total["time_up"] > 0
 
+    def signalled(self, sync_point: bool) -> bool:
+        """Whether a stop signal asks to end the current work now (evaluation: checked per batch).
+
+        With several ranks only at ``sync_point`` (every rank asks at the same points and agrees).
+        """
+        if self.dist.world_size > 1:
+            self.agreed = self.agreed or (sync_point and self._agree()[0] is not None)
+            return self.agreed
+        return self.signum is not None
+
     def reason(self, *, step: int, epoch: int, max_steps: int, max_epochs: int,
                sync_point: bool, epoch_boundary: bool = False) -> str | None:
         """``"interrupted"`` (a signal), ``"stopped: ..."``, a limit's name, or None to go on.
@@ -68,7 +79,9 @@ class StopControl:
         With several ranks, signals and ``max_time`` count only at sync points (``sync_point``
         or ``epoch_boundary``), where every rank takes part in the agreement.
         """
-        if self.dist.world_size > 1:
+        if self.dist.world_size > 1 and self.agreed:     # every rank took the signal (signalled())
+            signum, time_up = self.signum, False
+        elif self.dist.world_size > 1:
             signum, time_up = self._agree() if (sync_point or epoch_boundary) else (None, False)
         else:
             signum, time_up = self.signum, self._time_up()

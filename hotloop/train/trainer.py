@@ -18,20 +18,22 @@ from ..engine import Strategy
 from ..engine.process_settings import apply_process_settings
 from ..engine.step_parts import LossFn
 from ..hparams import HParams, hparams_to_dict
-from ..optim import build_schedule
 from ..problems.base import Problem
 from ..problems.datasets import as_problem
 from .checkpoint import CheckpointError
 from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, Event
-from .evaluation import evaluate_reader
+from .evaluation import EvalStep, EvaluationStopped, evaluate_reader
 from .feeding import DataFeeder
 from .freeze import freeze_callbacks
 from .init_from import InitWeights, init_model
 from .interrupt import Interrupted, StopSignalGuard
 from .loggers import default_loggers
+from .metrics import bind_metrics
+from .monitor import Monitor, keep_comparable_best, metric_names
 from .nonfinite import NonFiniteGuard
 from .runfiles import write_run_files
+from ..schedules import LRControl, build_schedule
 from .setup import (TrainerError, build_training_step, checkpoint_manager, concrete_strategy, open_train_reader,
                     place_model, reader_notices, run_hparams, steps_per_epoch)
 from .snapshot import checkpoint_contents, restore_components
@@ -89,7 +91,9 @@ class Trainer:
                  dist: DistContext | None = None, loss_fn: LossFn | None = None,
                  train_reader: Any = None, eval_readers: dict[str, Any] | None = None,
                  run_info: dict[str, Any] | None = None, on_nonfinite: str = "stop",
-                 init_from: str | Path | InitWeights | None = None, init_strict: bool = False) -> None:
+                 init_from: str | Path | InitWeights | None = None, init_strict: bool = False,
+                 eval_step: EvalStep | None = None, metrics: dict[str, Any] | None = None,
+                 monitor: str | None = None, mode: str = "min") -> None:
         self.hp = run_hparams(hp, max_steps, max_epochs, max_time)
         problem = as_problem(problem)   # a DataLoader, Dataset or HF dataset: problem_from_data
         self.problem, self.spec = problem, problem.spec(self.hp)
@@ -123,9 +127,15 @@ class Trainer:
             self.notify(note)
         self.nonfinite = NonFiniteGuard(on_nonfinite, self.optimizer, self.device)
         self.schedule = build_schedule(self.hp, self.steps_per_epoch)
+        self.lr_control = LRControl(self.schedule, self.hp.learning_rate)
+        self.loss_fn, self.eval_step, self.monitor = loss_fn, eval_step, Monitor(monitor, mode)
+        self.metrics = bind_metrics(metrics, self.device, self.dist.world_size, self.notify)
+        self._metric_names: dict[str, list[str]] = {}
+        self.eval_stopped = False   # a stop signal ended an evaluation
         self.feeder = DataFeeder(self.train_reader, self.device, self.strategy.prefetch,
                                  speed_test=self.strategy.speed_test)
         self.checkpoints = checkpoint_manager(self.output_dir, keep_last, self.dist)
+        keep_comparable_best(self.checkpoints, self.monitor, self.notify)
 
         self.lr = self.hp.learning_rate
         self.last_checkpoint: Path | None = None
@@ -180,6 +190,7 @@ class Trainer:
         position = self.load_checkpoint(path) if path is not None else None
         if path is None:
             seed_everything(self.hp.seed)
+        self.monitor.check_start(self)   # an unknown name fails before anything is written
         if self.output_dir is not None and self.dist.is_main:
             write_run_files(self.output_dir, self.hp, self.run_info, self.strategy, self.device)
         self.callbacks.emit(Event.FIT_START, self, resumed=path is not None)
@@ -246,9 +257,9 @@ class Trainer:
 
     def _train_step(self, batches: list) -> None:
         self._in_step = True
-        self.lr = self.hp.learning_rate * self.schedule.multiplier(self.step, self.epoch)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr * group.get("lr_scale", 1.0)
+        self.lr_control.apply(self.optimizer.param_groups, self.step, self.epoch)
+        self.callbacks.emit(Event.STEP_START, self, step=self.step)
+        self.lr = self.lr_control.current(self.optimizer.param_groups)
         result = self.step_fn(batches, self.state)
         self.state = result.state if self.spec.streamed else None
         self.step += 1
@@ -282,6 +293,8 @@ class Trainer:
             self._evaluate_all()
         if self._last_ckpt_step != self.step:
             self.save_checkpoint()
+        if self.eval_stopped:
+            raise Interrupted(self.stopper.signum or 2)
 
     def _on_interrupt(self) -> None:
         self.callbacks.emit(Event.INTERRUPT, self, step=self.step)
@@ -315,19 +328,34 @@ class Trainer:
             self._eval_readers[split] = (reader, reader.state_dict())
         return self._eval_readers[split]
 
-    def evaluate(self, split: str = "valid", max_batches: int | None = None) -> dict[str, float]:
-        """Teacher-forced metrics on ``split``: loss, ppl, accuracy, seq_accuracy, tokens, examples."""
+    def evaluate(self, split: str = "valid", max_batches: int | None = None,
+                 interruptible: bool = False) -> dict[str, float]:
+        """Metrics on ``split`` (see "Evaluation and metrics" in ``docs/trainer_api.md``); ``interruptible``:
+        a stop signal ends it at the next batch (:class:`~hotloop.train.evaluation.EvaluationStopped`)."""
         reader, start = self._eval_reader(split)
         reader.load_state_dict(start)  # every evaluation sees the same batches
         limit = self.eval_batches if max_batches is None else max_batches
+        stop = (lambda i: self.stopper.signalled(i % self.strategy.sync_every == 0)) if interruptible else None
         return evaluate_reader(self.model, reader, device=self.device, precision=self.strategy.precision,
                                initial_state=self._initial_state(), max_batches=limit,
-                               reduce=self.dist.all_reduce_stats)
+                               reduce=self.dist.all_reduce_stats, loss_fn=self.loss_fn,
+                               eval_step=self.eval_step, metrics=self.metrics, should_stop=stop)
+
+    def metric_names(self, split: str) -> list[str]:
+        """The names ``evaluate(split)`` reports (its last evaluation, else a one-batch evaluation)."""
+        if split not in self._metric_names:
+            self._metric_names[split] = metric_names(self.last_metrics, split, self.evaluate, self.device,
+                                                     self.callbacks.callbacks)
+        return self._metric_names[split]
 
     def _evaluate_all(self) -> None:
         start = time.perf_counter()
         for i, split in enumerate(self.eval_splits):
-            metrics = self.evaluate(split)
+            try:
+                metrics = self.evaluate(split, interruptible=True)
+            except EvaluationStopped:
+                self.eval_stopped = True
+                return self.notify(f"{self.stopper.signal_name}: evaluation of {split} at step {self.step} stopped")
             self.last_metrics[split] = metrics
             if i == 0 and "loss" in metrics:
                 self.schedule.on_eval(metrics["loss"])
@@ -341,14 +369,15 @@ class Trainer:
         if self.checkpoints is None:
             return None
         at_eval = self.train_state.evaluated and self.eval_splits
-        valid_loss = self.last_metrics.get(self.eval_splits[0], {}).get("loss") if at_eval else None
+        last = self.last_metrics.get(self.eval_splits[0], {}) if at_eval else {}
+        valid_loss = last.get("loss")
         description = {"step": self.step, "epoch": self.epoch, "hparams": hparams_to_dict(self.hp),
                        "strategy": self.strategy.to_dict(), "run": self.run_info, "valid_loss": valid_loss,
                        "torch": torch.__version__}
         meta, tensors = checkpoint_contents(self.components(), description)
         path = None
         if self.dist.is_main:
-            path = self.checkpoints.save(self.step, meta, tensors, valid_loss=valid_loss)
+            path = self.checkpoints.save(self.step, meta, tensors, **self.monitor.best_record(last))
             self.last_checkpoint = path
             self.callbacks.emit(Event.CHECKPOINT, self, path=path)
         self._last_ckpt_step = self.step

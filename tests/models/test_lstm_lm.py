@@ -284,7 +284,7 @@ def test_paper_hparams() -> None:
 
 
 def test_epoch_decay_matches_paper_schedule() -> None:
-    from hotloop.optim import build_schedule
+    from hotloop.schedules import build_schedule
     hp = lstm_lm_small()
     schedule = build_schedule(hp, steps_per_epoch=10)
     lrs = [hp.learning_rate * schedule.multiplier(0, epoch) for epoch in range(7)]
