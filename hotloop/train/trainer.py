@@ -23,14 +23,14 @@ from ..problems.datasets import as_problem
 from .checkpoint import CheckpointError
 from .context import DistContext, LocalContext
 from .events import Callback, CallbackList, Event
-from .evaluation import EvalStep, EvaluationStopped, evaluate_reader
+from .evaluation import EvalStep
 from .feeding import DataFeeder
 from .freeze import freeze_callbacks
 from .init_from import InitWeights, init_model
 from .interrupt import Interrupted, StopSignalGuard
 from .loggers import default_loggers
 from .metrics import bind_metrics
-from .monitor import Monitor, keep_comparable_best, metric_names
+from .monitor import Monitor, keep_comparable_best
 from .nonfinite import NonFiniteGuard
 from .runfiles import write_run_files
 from ..schedules import LRControl, build_schedule
@@ -40,6 +40,7 @@ from .snapshot import checkpoint_contents, restore_components
 from .stateful import GlobalRNG, ModelState, OptimizerState, Stateful, seed_everything
 from .stopping import StopControl
 from .train_state import TrainState, TrainStateField
+from .trainer_eval import TrainerEvaluation
 from .window import LogWindow
 
 __all__ = ["Trainer", "TrainerError", "FitResult"]
@@ -59,7 +60,7 @@ class FitResult:
     nonfinite_steps: int = 0          # updates discarded under on_nonfinite="skip"
 
 
-class Trainer:
+class Trainer(TrainerEvaluation):
     """Trains ``model`` on ``problem`` with ``hp``; see ``docs/trainer_api.md``.
 
     ``problem`` is a Problem, or data that :func:`~hotloop.problems.datasets.problem_from_data`
@@ -327,41 +328,6 @@ class Trainer:
             reader = self.dist.shard_reader(self.problem.reader(split, self.hp, shuffle=False))
             self._eval_readers[split] = (reader, reader.state_dict())
         return self._eval_readers[split]
-
-    def evaluate(self, split: str = "valid", max_batches: int | None = None,
-                 interruptible: bool = False) -> dict[str, float]:
-        """Metrics on ``split`` (see "Evaluation and metrics" in ``docs/trainer_api.md``); ``interruptible``:
-        a stop signal ends it at the next batch (:class:`~hotloop.train.evaluation.EvaluationStopped`)."""
-        reader, start = self._eval_reader(split)
-        reader.load_state_dict(start)  # every evaluation sees the same batches
-        limit = self.eval_batches if max_batches is None else max_batches
-        stop = (lambda i: self.stopper.signalled(i % self.strategy.sync_every == 0)) if interruptible else None
-        return evaluate_reader(self.model, reader, device=self.device, precision=self.strategy.precision,
-                               initial_state=self._initial_state(), max_batches=limit,
-                               reduce=self.dist.all_reduce_stats, loss_fn=self.loss_fn,
-                               eval_step=self.eval_step, metrics=self.metrics, should_stop=stop)
-
-    def metric_names(self, split: str) -> list[str]:
-        """The names ``evaluate(split)`` reports (its last evaluation, else a one-batch evaluation)."""
-        if split not in self._metric_names:
-            self._metric_names[split] = metric_names(self.last_metrics, split, self.evaluate, self.device,
-                                                     self.callbacks.callbacks)
-        return self._metric_names[split]
-
-    def _evaluate_all(self) -> None:
-        start = time.perf_counter()
-        for i, split in enumerate(self.eval_splits):
-            try:
-                metrics = self.evaluate(split, interruptible=True)
-            except EvaluationStopped:
-                self.eval_stopped = True
-                return self.notify(f"{self.stopper.signal_name}: evaluation of {split} at step {self.step} stopped")
-            self.last_metrics[split] = metrics
-            if i == 0 and "loss" in metrics:
-                self.schedule.on_eval(metrics["loss"])
-            self.callbacks.emit(Event.EVAL_END, self, split=split, metrics=metrics)
-        self.train_state.last_eval_step = self.step
-        self._window.exclude(time.perf_counter() - start)   # training speed rows count training only
 
     # ----------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path | None:
