@@ -195,7 +195,10 @@ def _finish(search: _Search, strategy_file: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import optuna
+    try:
+        import optuna
+    except ImportError:
+        raise CLIError("hotloop search needs Optuna: pip install -e '.[search]'") from None
     from ..search.jobs import run_workers
     from ..search.planning import STRATEGY_FILE, search_strategy
     from ..search.study import SearchError, StudyRecord, open_study

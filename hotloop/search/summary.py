@@ -26,6 +26,11 @@ def _note(trial: Any, reruns: dict[int, int]) -> str:
     return note
 
 
+def _output_dir(trial: Any, directory: Path) -> str:
+    """Where the trial trained (as its process recorded it: another machine's directory too)."""
+    return str(trial.user_attrs.get("output_dir") or trial_dir(directory, trial.number))
+
+
 def trial_rows(study: Any, directory: Path) -> list[dict[str, Any]]:
     """One row per trial: number, state, value, steps, params, output_dir, note."""
     trials = study.get_trials(deepcopy=False)
@@ -37,7 +42,7 @@ def trial_rows(study: Any, directory: Path) -> list[dict[str, Any]]:
             value = t.intermediate_values[max(t.intermediate_values)]
         rows.append({"trial": t.number, "state": t.state.name, "value": value,
                      "steps": int(t.user_attrs.get("steps", 0)), "params": dict(t.params),
-                     "output_dir": str(trial_dir(directory, t.number)), "note": _note(t, reruns)})
+                     "output_dir": _output_dir(t, directory), "note": _note(t, reruns)})
     return rows
 
 
@@ -70,7 +75,7 @@ def best_trial(study: Any) -> Any:
 def write_best(directory: Path, trial: Any) -> Path | None:
     """``DIR/best.json`` from the best trial's ``run.json`` (None when that file is missing)."""
     try:
-        run = json.loads((trial_dir(directory, trial.number) / "run.json").read_text())
+        run = json.loads((Path(_output_dir(trial, directory)) / "run.json").read_text())
     except (OSError, ValueError):
         return None
     run.pop("output_dir", None)

@@ -76,7 +76,7 @@ def _running_with_checkpoint(out: Path, count: int):
 
 def test_a_killed_search_resumes_to_six_trials_and_best_json_repeats_the_best(tmp_path, capsys):
     out = tmp_path / "s"
-    proc = _spawn(_argv(out, 4, 100, 10), tmp_path / "first.log")
+    proc = _spawn(_argv(out, 4, 60, 20), tmp_path / "first.log")
     # SIGKILL while trial 1 runs (it has written a checkpoint): nothing marks it finished
     _wait_for(lambda: _states(_study(out)).get(0) == "COMPLETE" if (out / "study.db").is_file() else False,
               proc, tmp_path / "first.log")
@@ -108,6 +108,8 @@ def test_a_killed_search_resumes_to_six_trials_and_best_json_repeats_the_best(tm
     repeat = tmp_path / "repeat"
     assert cli.main(["train", "--config", str(out / "best.json"), "--output-dir", str(repeat)]) == 0
     best = json.loads((out / f"trial_{study.best_trial.number:04d}" / "hparams.json").read_text())
+    overrides = json.loads((out / "best.json").read_text())["overrides"]
+    assert all(overrides[k] == v for k, v in study.best_trial.params.items())     # typed, as sampled
     assert json.loads((repeat / "hparams.json").read_text()) == best
 
 
@@ -134,11 +136,19 @@ def test_jobs_2_share_the_study_and_sigterm_leaves_no_process(tmp_path, capsys):
     _wait_for(_running_with_checkpoint(out, 2), proc, log)
     workers = {t.user_attrs["pid"] for t in _study(out).get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     assert len(workers) == 2 and proc.pid not in workers
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(90) == 143, log.read_text()[-3000:]
-    for pid in workers:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 143, log.read_text()[-3000:]
+        for pid in workers:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:   # a failed check leaves nothing running
+        for pid in [proc.pid, *workers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(30)
     interrupted = [t for t in _study(out).get_trials() if t.state == TrialState.FAIL]
     assert len(interrupted) == 2 and not _study(out).get_trials(states=(TrialState.RUNNING,))
     assert len(_study(out).get_trials(states=(TrialState.WAITING,))) == 2      # their parameters, enqueued again
