@@ -65,7 +65,7 @@ def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def bert_run(rank: int, mode: str, *, checkpointing: bool = False, count_rs: bool = False,
-             precision: str = "fp32") -> dict[str, Any]:
+             precision: str = "fp32", reshard: bool = True) -> dict[str, Any]:
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
     from hotloop.parallel import ProcessGroupContext
@@ -74,7 +74,7 @@ def bert_run(rank: int, mode: str, *, checkpointing: bool = False, count_rs: boo
     model = BERT(HP, SPEC)
     set_activation_checkpointing(model, checkpointing)
     optimizer = build_optimizer(model.parameters(), HP)
-    ctx = ProcessGroupContext(mode, 0.002, fsdp=FSDPConfig(precision))
+    ctx = ProcessGroupContext(mode, 0.002, fsdp=FSDPConfig(precision, reshard))
     model, optimizer, no_sync = ctx.wrap(model, optimizer)
     calls = [0]
 
@@ -107,6 +107,21 @@ def bert_run(rank: int, mode: str, *, checkpointing: bool = False, count_rs: boo
            "fsdp_modules": len(ctx.routed.fsdp_modules()) if mode == "fsdp" else 0}
     ctx.routed.unpatch()
     return out
+
+
+def gathered_after_forward(rank: int, reshard: bool) -> int:
+    """Parameters left gathered (plain tensors, not DTensor shards) between forward and backward."""
+    from hotloop.parallel import ProcessGroupContext
+    from hotloop.parallel.fsdp import FSDPConfig
+    torch.manual_seed(0)
+    model = BERT(HP, SPEC)
+    ctx = ProcessGroupContext("fsdp", fsdp=FSDPConfig(reshard_after_forward=reshard))
+    model, _, _ = ctx.wrap(model, build_optimizer(model.parameters(), HP))
+    out = model.loss(batches(rank, 1)[0])
+    count = sum(1 for p in model.parameters() if not hasattr(p, "to_local"))
+    out.loss.backward()
+    ctx.routed.unpatch()
+    return count
 
 
 def nonfinite_check(rank: int) -> dict[str, Any]:
@@ -150,7 +165,9 @@ def worker(rank: int, store_file: str, out_dir: str) -> None:
     out = Path(out_dir)
     results = {"ddp": bert_run(rank, "allreduce"), "fsdp": bert_run(rank, "fsdp", count_rs=True),
                "fsdp_ckpt": bert_run(rank, "fsdp", checkpointing=True), "nonfinite": nonfinite_check(rank),
-               "fsdp_bf16": bert_run(rank, "fsdp", precision="bf16")}
+               "fsdp_bf16": bert_run(rank, "fsdp", precision="bf16"),
+               "fsdp_keep": bert_run(rank, "fsdp", reshard=False, count_rs=True),
+               "gathered_after_forward": {r: gathered_after_forward(rank, r) for r in (True, False)}}
     trainer_run(out / "fsdp3", 3, "fsdp", ProcessGroupContext("fsdp")).fit()
     trainer_run(out / "fsdp5", 5, "fsdp", ProcessGroupContext("fsdp")).fit()
     trainer_run(out / "fsdp3", 5, "fsdp", ProcessGroupContext("fsdp")).fit(resume=True)
@@ -204,6 +221,15 @@ def test_activation_checkpointing_is_bitwise_equal(runs: dict) -> None:
     assert ckpt["losses"] == plain["losses"] and ckpt["norms"] == plain["norms"]
     for name, value in plain["params"].items():
         assert torch.equal(ckpt["params"][name], value), name
+
+
+@pytest.mark.timeout(180)
+def test_keeping_parameters_gathered_after_forward_changes_nothing(runs: dict) -> None:
+    keep, plain = runs["fsdp_keep"], runs["fsdp"]                   # reshard_after_forward=False vs True
+    assert runs["gathered_after_forward"] == {True: 0, False: len(list(BERT(HP, SPEC).parameters()))}
+    assert keep["losses"] == plain["losses"] and keep["reduce_scatters"] == plain["reduce_scatters"]
+    for name, value in plain["params"].items():
+        assert torch.equal(keep["params"][name], value), name
 
 
 @pytest.mark.timeout(180)
