@@ -51,12 +51,14 @@ if [ "$DRY" = 1 ]; then
   ZOO_ARGS=(--size small --smoke --models se_resnext50)
   TEST_FILES=(tests/engine/test_engine_cuda.py)
   DEFAULT_ARGS=(--max-steps 10 --strategy default)
+  FSDP_STEPS=5
   LIMITS=(60 180 120 120)
 else
   ZOO_ARGS=(--size full --compile --compile-models se_resnext50,bert,transformer_base --rounds 3 --block 10
             --tune-seconds 10)
   TEST_FILES=(tests/engine/test_engine_cuda.py tests/ops tests/data/test_data_prefetch.py)
   DEFAULT_ARGS=(--max-steps 600)
+  FSDP_STEPS=20
   LIMITS=(100 270 45 40)
 fi
 
@@ -70,7 +72,7 @@ part default_train "${LIMITS[2]}" "$PY" -m hotloop train --device "$DEVICE" --ou
 "$PY" benchmarks/gpu_report.py --run-dir "$WORK/default" --json "$OUT/default.json" || true
 if "$PY" -c "from hotloop.engine.strategy import Strategy; Strategy(data_parallel='fsdp').validate()" 2>/dev/null; then
   part fsdp "${LIMITS[3]}" "$PY" -m hotloop train --device "$DEVICE" --nproc 1 --output-dir "$WORK/fsdp" \
-    --max-steps 20 --strategy default --strategy-override data_parallel=fsdp
+    --max-steps "$FSDP_STEPS" --strategy default --strategy-override data_parallel=fsdp
   "$PY" benchmarks/gpu_report.py --run-dir "$WORK/fsdp" --json "$OUT/fsdp.json" || true
 fi
 "$PY" -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; json.dump(rows, open(sys.argv[2], 'w'), indent=2)" \
