@@ -207,15 +207,15 @@ def run(args: argparse.Namespace) -> int:
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=args.prune_startup, n_warmup_steps=args.prune_warmup)
               if args.pruner == "median" else optuna.pruners.NopPruner())
     record = StudyRecord(args.problem, args.model, search.hparams_name, search.metric, search.mode)
-    search.directory.mkdir(parents=True, exist_ok=True)
-    search.study = open_study(search.storage, search.study_name, record, pruner=pruner)
     worker = args.search_worker is not None
+    if not worker:
+        _pair_with_directory(search)      # before the study is opened (or made) in the database
+    search.study = open_study(search.storage, search.study_name, record, pruner=pruner)
     strategy_file = search.directory / STRATEGY_FILE
     if worker:
         if not strategy_file.is_file():
             raise SearchError(f"{strategy_file} is missing: a worker runs under hotloop search, after planning")
     else:
-        _pair_with_directory(search)
         problem = search.problem_cls(data_dir=args.data_dir, raw_dir=args.raw_dir)
         problem.prepare()
         strategy_file = search_strategy(search.directory, search.request, problem=problem,
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
             code = run_trials(search.study, search.space, search.directory, args.trials, search.metric,
                               _trial_runner(args, strategy_file), prune=args.pruner != "none")
         else:
-            argv = [a for a in (getattr(args, "command_argv", None) or [])]
+            argv = list(getattr(args, "command_argv", None) or [])
             code = run_workers(argv, args.jobs, search.directory, search.study)
     except SearchInterrupted as exc:
         code = exc.exit_code
