@@ -8,7 +8,8 @@ Also: one reduce-scatter per FSDP unit per optimizer step (none for the non-fina
 micro-batch), activation checkpointing bitwise equal to none (dropout on), the
 non-finite check agreeing on both ranks when only one rank's shard is NaN, and the
 Trainer's save/resume under FSDP (same world size, and its checkpoint in one process).
-One 2-process job (spawned once per module) runs every distributed part.
+ZeRO-1 (`reduce`) under the skip policy restores its local optimizer state. One 2-process job
+(spawned once per module) runs every distributed part.
 """
 from __future__ import annotations
 
@@ -147,6 +148,34 @@ def nonfinite_check(rank: int) -> dict[str, Any]:
     return {"norm_nan": bool(torch.isnan(norm)), "bad": bool(bad), "unchanged": unchanged}
 
 
+def zero_skip_check(rank: int) -> bool:
+    """ZeRO-1 under ``skip``: a NaN gradient (on rank 1's rows, averaged to both) leaves the
+    parameters and this rank's partition of the Adam state as they were."""
+    from hotloop.parallel import ProcessGroupContext
+    from hotloop.train.nonfinite import NonFiniteGuard
+    torch.manual_seed(0)
+    model = BERT(HP, SPEC)
+    ctx = ProcessGroupContext("reduce")
+    model, optimizer, _ = ctx.wrap(model, build_optimizer(model.parameters(), HP))
+    guard = NonFiniteGuard("skip", optimizer, torch.device("cpu"))
+    for i, batch in enumerate(batches(rank, 2)):
+        model.loss(batch).loss.backward()
+        if i == 1:
+            start = full_params(model)
+            state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.optim.state.items()}
+            if rank == 1:
+                next(model.parameters()).grad.view(-1)[0] = float("nan")   # after DDP's all-reduce
+                torch.distributed.all_reduce(next(model.parameters()).grad)
+            else:
+                torch.distributed.all_reduce(next(model.parameters()).grad)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    same_state = all(torch.equal(v, state[id(p)][k]) for p, s in optimizer.optim.state.items() for k, v in s.items())
+    unchanged = all(torch.equal(start[n], p) for n, p in full_params(model).items())
+    ctx.routed.unpatch()
+    return bool(guard._grads_bad) and same_state and unchanged and len(state) > 0
+
+
 def trainer_run(out: Path, max_steps: int, mode: str = "none", dist: Any = None) -> Trainer:
     torch.manual_seed(0)
     problem = SyntheticImages()
@@ -167,13 +196,17 @@ def worker(rank: int, store_file: str, out_dir: str) -> None:
                "fsdp_ckpt": bert_run(rank, "fsdp", checkpointing=True), "nonfinite": nonfinite_check(rank),
                "fsdp_bf16": bert_run(rank, "fsdp", precision="bf16"),
                "fsdp_keep": bert_run(rank, "fsdp", reshard=False, count_rs=True),
-               "gathered_after_forward": {r: gathered_after_forward(rank, r) for r in (True, False)}}
+               "gathered_after_forward": {r: gathered_after_forward(rank, r) for r in (True, False)},
+               "zero_skip": zero_skip_check(rank)}
     trainer_run(out / "fsdp3", 3, "fsdp", ProcessGroupContext("fsdp")).fit()
     trainer_run(out / "fsdp5", 5, "fsdp", ProcessGroupContext("fsdp")).fit()
     trainer_run(out / "fsdp3", 5, "fsdp", ProcessGroupContext("fsdp")).fit(resume=True)
     gathered: list[Any] = [None] * WORLD
     torch.distributed.all_gather_object(gathered, results["nonfinite"])
     results["nonfinite"] = gathered
+    both: list[Any] = [None] * WORLD
+    torch.distributed.all_gather_object(both, results["zero_skip"])
+    results["zero_skip"] = both
     if rank == 0:
         torch.save(results, out / "results.pt")
     torch.distributed.barrier()
@@ -246,6 +279,11 @@ def test_bf16_computes_in_bf16_and_keeps_fp32_shards(runs: dict) -> None:
 @pytest.mark.timeout(180)
 def test_nonfinite_shard_on_one_rank_is_seen_by_both(runs: dict) -> None:
     assert runs["nonfinite"] == [{"norm_nan": True, "bad": True, "unchanged": True}] * WORLD
+
+
+@pytest.mark.timeout(180)
+def test_zero_skip_restores_parameters_and_local_state(runs: dict) -> None:
+    assert runs["zero_skip"] == [True] * WORLD
 
 
 def final_checkpoint(out: Path) -> dict:
