@@ -80,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a non-finite loss stops the run (default) or its update is skipped and counted")
     add_monitor_flags(parser)
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel worker processes")
+    parser.add_argument("--async-checkpoint", action="store_true",
+                        help="with several processes, write each sharded checkpoint in the background "
+                             "while training goes on (completed before the next one and at exit)")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart a failed worker group N times")
     parser.add_argument("--nnodes", default=None, metavar="N|MIN:MAX",
                         help="nodes of a multi-node job (run the same line on each; Slurm steps set it)")
@@ -371,7 +374,8 @@ def _train(args: argparse.Namespace, problem_cls: type, model_cls: type, hparams
                       max_time=args.max_time, eval_every=args.eval_every, keep_last=args.keep_last,
                       run_info=info, dist=dist, callbacks=callbacks, loggers=loggers,
                       on_nonfinite=args.on_nonfinite, init_from=getattr(args, "init_weights", None),
-                      init_strict=args.init_strict, monitor=args.monitor, mode=args.mode)
+                      init_strict=args.init_strict, monitor=args.monitor, mode=args.mode,
+                      async_checkpoint=args.async_checkpoint)
     code = 0
     try:
         result = trainer.fit(resume=args.resume)

@@ -14,6 +14,11 @@ and sha256 into a manifest after its data (:mod:`hotloop.train.manifest`), and
 :func:`load_checkpoint` checks it first. A damaged file raises
 :class:`CorruptCheckpointError`; :meth:`CheckpointManager.newest_verified` moves
 damaged files aside (``step-N.ckpt.corrupt``) and returns the newest that verifies.
+
+A run with more than one process writes sharded checkpoints instead, directories
+``step-N.dcp`` (:mod:`hotloop.train.dcp_checkpoint`, :meth:`CheckpointManager.save_sharded`);
+:func:`load_checkpoint` and :func:`verify_checkpoint` read both kinds, and the manager lists,
+keeps, prunes and sets aside both alike.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,7 +46,7 @@ Notify = Callable[[str], None]
 
 FORMAT = "hotloop-checkpoint"
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^step-(\d{8,})\.ckpt$")
+_NAME = re.compile(r"^step-(\d{8,})\.(ckpt|dcp)$")
 _PAUSE_ENV = "HOTLOOP_TEST_CHECKPOINT_PAUSE"  # "STEP:SECONDS": sleep before the rename (tests)
 
 
@@ -66,6 +72,10 @@ def verify_checkpoint(path: str | Path) -> bool:
     Raises :class:`CorruptCheckpointError` for a damaged file, :class:`CheckpointError` for a missing one.
     """
     path = Path(path)
+    if path.name.endswith(".dcp"):
+        from .dcp_checkpoint import verify_sharded
+        verify_sharded(path)
+        return True
     try:
         has_manifest, reason = check_file(path)
     except FileNotFoundError:
@@ -172,9 +182,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     tensor/plain data), foreign or newer-format file, and :class:`CorruptCheckpointError`
     for a damaged one: with ``verify`` its manifest is checked first; a checkpoint
     without one (written before manifests existed) loads after one ``notify`` line
-    (default: stderr).
+    (default: stderr). A sharded checkpoint (a ``.dcp`` directory) loads into this one process
+    with full tensors (:func:`hotloop.train.dcp_checkpoint.read_sharded`).
     """
     path = Path(path)
+    if path.name.endswith(".dcp") and path.is_dir():
+        from .dcp_checkpoint import read_sharded
+        return read_sharded(path, verify=verify)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if verify and not verify_checkpoint(path):
@@ -201,11 +215,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
 
 
 class CheckpointManager:
-    """``directory/step-XXXXXXXX.ckpt`` files: keeps the newest ``keep_last`` plus the best.
+    """``directory/step-XXXXXXXX.ckpt`` files (``.dcp`` directories for sharded checkpoints): keeps the
+    newest ``keep_last`` plus the best.
 
     The best (lowest validation loss) is recorded in ``best.json``. Each file has a
-    manifest (``step-XXXXXXXX.manifest.json``). Only a ``writer`` moves damaged files aside;
-    the other ranks of a job skip them (they reach the same verdict from the same bytes).
+    manifest (``step-XXXXXXXX.manifest.json``; a directory keeps its own inside). Only a ``writer``
+    moves damaged files aside; the other ranks of a job skip them (they reach the same verdict
+    from the same bytes).
     """
 
     def __init__(self, directory: str | Path, keep_last: int = 3, *, writer: bool = True) -> None:
@@ -216,6 +232,8 @@ class CheckpointManager:
         self.writer = writer
         self.best_step: int | None = None
         self.best_loss = float("inf")
+        self._saver: Any = None
+        self._after_save: tuple[int, Path, float | None, dict[str, Any] | None] | None = None
         best = self.directory / "best.json"
         if best.is_file():
             try:
@@ -225,21 +243,23 @@ class CheckpointManager:
                 pass
 
     def path_for(self, step: int) -> Path:
-        return self.directory / f"step-{step:08d}.ckpt"
+        """The checkpoint of ``step``: its ``.dcp`` directory when there is one, else its file."""
+        sharded = self.directory / f"step-{step:08d}.dcp"
+        return sharded if sharded.is_dir() else self.directory / f"step-{step:08d}.ckpt"
 
     def steps(self) -> list[int]:
-        """Steps of the complete checkpoint files, ascending (temporary files are ignored)."""
+        """Steps of the complete checkpoints, ascending (temporary files and directories are ignored)."""
         if not self.directory.is_dir():
             return []
         found = (_NAME.match(p.name) for p in self.directory.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        return sorted({int(m.group(1)) for m in found if m})
 
     def latest(self) -> Path | None:
         steps = self.steps()
         return self.path_for(steps[-1]) if steps else None
 
     def best(self) -> Path | None:
-        if self.best_step is not None and self.path_for(self.best_step).is_file():
+        if self.best_step is not None and self.path_for(self.best_step).exists():
             return self.path_for(self.best_step)
         return None
 
@@ -251,12 +271,57 @@ class CheckpointManager:
         monitored metric, negated for ``mode=max``); ``best_info`` is added to ``best.json``."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
-        manifest_path(self.path_for(step)).unlink(missing_ok=True)   # it would describe the old bytes
-        path = save_checkpoint(self.path_for(step), meta, tensors)
+        manifest_path(self.directory / f"step-{step:08d}.ckpt").unlink(missing_ok=True)   # old bytes
+        path = save_checkpoint(self.directory / f"step-{step:08d}.ckpt", meta, tensors)
         try:
             write_manifest(path, step=step, epoch=meta.get("epoch"))
         except OSError as exc:
             raise (write_failure(exc, manifest_path(path)) or exc) from None
+        self._record_best(step, path, valid_loss, best_info)
+        self.prune()
+        return path
+
+    def save_sharded(self, step: int, parts: tuple[dict[str, Any], dict[str, Any], dict[str, Any]],
+                     components: Any, *, rank: int, world_size: int, valid_loss: float | None = None,
+                     best_info: dict[str, Any] | None = None, asynchronous: bool = False) -> Path:
+        """Every rank: write the sharded checkpoint ``step-XXXXXXXX.dcp`` (see
+        :mod:`hotloop.train.dcp_checkpoint`); ``parts`` is ``(meta, main, own)`` from
+        :func:`hotloop.train.snapshot.sharded_contents`. With ``asynchronous`` it returns while the
+        write goes on; :meth:`wait` completes it (the next save waits too)."""
+        from .dcp_checkpoint import ShardedSaver
+        self.wait()
+        if self._saver is None:
+            self._saver = ShardedSaver(self.directory, rank, world_size)
+        if self.writer:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._remove_stale_temporaries()
+        meta, main, own = parts
+        path = self._saver.save(step, meta, main, own, components, asynchronous=asynchronous)
+        self._after_save = (step, path, valid_loss, best_info)
+        if not asynchronous:
+            self._finish_save()
+        return path
+
+    def wait(self) -> None:
+        """Complete an asynchronous sharded save in flight (every rank calls it; a no-op without one)."""
+        if self._saver is not None:
+            try:
+                self._saver.wait()
+            except BaseException:
+                self._after_save = None
+                raise
+        self._finish_save()
+
+    def _finish_save(self) -> None:
+        if self._after_save is None:
+            return
+        (step, path, valid_loss, best_info), self._after_save = self._after_save, None
+        if self.writer:
+            self._record_best(step, path, valid_loss, best_info)
+            self.prune()
+
+    def _record_best(self, step: int, path: Path, valid_loss: float | None,
+                     best_info: dict[str, Any] | None = None) -> None:
         if valid_loss is not None and valid_loss < self.best_loss:
             self.best_step, self.best_loss = step, float(valid_loss)
             tmp = self.directory / f".tmp-best.json-{os.getpid()}"
@@ -267,8 +332,6 @@ class CheckpointManager:
             except OSError as exc:
                 tmp.unlink(missing_ok=True)
                 raise (write_failure(exc, self.directory / "best.json") or exc) from None
-        self.prune()
-        return path
 
     def prune(self) -> None:
         steps = self.steps()
@@ -277,8 +340,12 @@ class CheckpointManager:
             keep.add(self.best_step)
         for step in steps:
             if step not in keep:
-                self.path_for(step).unlink(missing_ok=True)
-                manifest_path(self.path_for(step)).unlink(missing_ok=True)
+                path = self.path_for(step)
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                    continue
+                path.unlink(missing_ok=True)
+                manifest_path(path).unlink(missing_ok=True)
 
     def set_aside(self, error: CorruptCheckpointError, notify: Notify, then: str = "") -> None:
         """Move a damaged checkpoint aside (writer only; never deleted) and say so in one line."""
@@ -317,4 +384,7 @@ class CheckpointManager:
 
     def _remove_stale_temporaries(self) -> None:
         for p in self.directory.glob(".tmp-*"):
-            p.unlink(missing_ok=True)
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)   # a sharded save that never completed
+            else:
+                p.unlink(missing_ok=True)

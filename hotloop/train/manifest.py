@@ -9,6 +9,11 @@ checkpoint without a manifest, which loads like a checkpoint from before
 manifests existed: its zip CRCs are checked instead (torch writes every entry with
 a CRC32), which finds a truncated file or a flipped byte in the tensor data.
 
+A sharded checkpoint (a directory ``step-00000060.dcp``, :mod:`hotloop.train.dcp_checkpoint`)
+keeps its manifest inside, as ``manifest.json``: the size and sha256 of every file in the
+directory, written before the directory is renamed into place (:func:`write_dir_manifest`,
+:func:`check_dir`); a file the manifest does not list makes the directory damaged.
+
 This module reports damage as reason strings; :mod:`hotloop.train.checkpoint`
 turns them into errors. A damaged checkpoint is moved aside (renamed to
 ``<name>.corrupt``, never deleted) by :func:`move_aside`.
@@ -22,11 +27,13 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "manifest_path", "file_digest", "write_manifest",
-           "read_manifest", "check_file", "move_aside"]
+__all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "DIR_MANIFEST", "manifest_path", "file_digest",
+           "write_manifest", "read_manifest", "check_file", "write_dir_manifest", "read_dir_manifest",
+           "check_dir", "move_aside"]
 
 MANIFEST_FORMAT = "hotloop-checkpoint-manifest"
 MANIFEST_VERSION = 1
+DIR_MANIFEST = "manifest.json"   # inside a sharded checkpoint's directory
 _CHUNK = 1 << 20
 #: (path, size, mtime_ns, inode, manifest mtime_ns) of files that verified in this process
 _VERIFIED: dict[tuple[Any, ...], bool] = {}
@@ -50,13 +57,7 @@ def file_digest(path: str | Path) -> tuple[int, str]:
     return size, sha.hexdigest()
 
 
-def write_manifest(checkpoint: str | Path, **fields: Any) -> Path:
-    """Digest ``checkpoint`` and write its manifest atomically; ``fields`` (step, epoch) are recorded too."""
-    checkpoint = Path(checkpoint)
-    size, sha256 = file_digest(checkpoint)
-    record = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "file": checkpoint.name,
-              "size": size, "sha256": sha256, **fields}
-    target = manifest_path(checkpoint)
+def _write_record(target: Path, record: dict[str, Any]) -> Path:
     tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
     try:
         with open(tmp, "w") as f:
@@ -68,6 +69,79 @@ def write_manifest(checkpoint: str | Path, **fields: Any) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+def write_manifest(checkpoint: str | Path, **fields: Any) -> Path:
+    """Digest ``checkpoint`` and write its manifest atomically; ``fields`` (step, epoch) are recorded too."""
+    checkpoint = Path(checkpoint)
+    size, sha256 = file_digest(checkpoint)
+    record = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "file": checkpoint.name,
+              "size": size, "sha256": sha256, **fields}
+    return _write_record(manifest_path(checkpoint), record)
+
+
+def write_dir_manifest(directory: str | Path, **fields: Any) -> Path:
+    """Digest every file of ``directory`` into ``directory/manifest.json``; ``fields`` are recorded too."""
+    directory = Path(directory)
+    files = {}
+    for path in sorted(directory.iterdir()):
+        if path.name != DIR_MANIFEST and path.is_file():
+            size, sha256 = file_digest(path)
+            files[path.name] = {"size": size, "sha256": sha256}
+    record = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": "sharded",
+              "files": files, **fields}
+    return _write_record(directory / DIR_MANIFEST, record)
+
+
+def read_dir_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest inside a sharded checkpoint; raises ValueError when it is missing or unreadable."""
+    path = Path(directory) / DIR_MANIFEST
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"it has no {DIR_MANIFEST} (the save did not complete)") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"its {DIR_MANIFEST} is unreadable ({exc})") from None
+    if not isinstance(record, dict) or record.get("format") != MANIFEST_FORMAT \
+            or record.get("kind") != "sharded" or not isinstance(record.get("files"), dict):
+        raise ValueError(f"its {DIR_MANIFEST} is not a hotloop sharded-checkpoint manifest")
+    return record
+
+
+def _dir_key(directory: Path) -> tuple[Any, ...]:
+    stats = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ino)
+                  for p in sorted(directory.iterdir()))
+    return str(directory.resolve()), stats
+
+
+def check_dir(directory: str | Path) -> str | None:
+    """Why the sharded checkpoint ``directory`` is damaged (or incomplete), or None when every file
+    matches its manifest and no file is unlisted. Raises FileNotFoundError when it does not exist."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(directory)
+    key = _dir_key(directory)
+    if key in _VERIFIED:
+        return None
+    try:
+        record = read_dir_manifest(directory)
+    except ValueError as exc:
+        return str(exc)
+    present = {p.name for p in directory.iterdir()} - {DIR_MANIFEST}
+    unlisted = sorted(present - set(record["files"]))
+    if unlisted:
+        return f"it holds files its manifest does not list: {', '.join(unlisted[:3])}"
+    for name, entry in record["files"].items():
+        path = directory / name
+        if not path.is_file():
+            return f"its file {name} is missing"
+        size, sha256 = file_digest(path)
+        if size != entry.get("size"):
+            return f"its file {name} is {size} bytes, its manifest says {entry.get('size')}"
+        if sha256 != entry.get("sha256"):
+            return f"the sha256 of its file {name} does not match its manifest"
+    _VERIFIED[key] = True
+    return None
 
 
 def read_manifest(checkpoint: str | Path) -> dict[str, Any] | None:

@@ -12,6 +12,11 @@ plain data under its name; loading never unpickles objects.
 (no ``format_version``) kept the loop's counters, metrics and Python RNG state in
 ``meta`` and the carried model state under ``"state"``; it is read by
 :func:`_states_v1`. A checkpoint of another version is refused in one line.
+
+A sharded checkpoint (multi-process runs, :mod:`hotloop.train.dcp_checkpoint`) splits the same
+states three ways (:func:`sharded_contents`): model and optimizer tensors through DCP, the
+components alike on every rank once, and the per-rank ones (random generators, carried model
+state) once per rank; :func:`restore_components` reads it on any world size.
 """
 from __future__ import annotations
 
@@ -21,9 +26,10 @@ from typing import Any, Callable, Mapping
 from ..class_lookup import resolve_hparams_class
 from ..hparams import HParams, HParamsError, hparams_to_dict
 from .checkpoint import CheckpointError, load_checkpoint
+from .dcp_checkpoint import PER_RANK, TENSOR_KEYS, has_dtensors, is_sharded, load_model_and_optimizer, rank_states, read_sharded
 from .stateful import Stateful, StateMismatch
 
-__all__ = ["checkpoint_contents", "restore_components", "hparams_differences",
+__all__ = ["checkpoint_contents", "sharded_contents", "restore_components", "hparams_differences",
            "STATE_FORMAT_VERSION", "READABLE_VERSIONS", "META_COMPONENTS"]
 
 STATE_FORMAT_VERSION = 2
@@ -45,6 +51,22 @@ def checkpoint_contents(components: Mapping[str, Stateful], description: Mapping
     for name, component in components.items():
         (meta if name in META_COMPONENTS else tensors)[name] = component.state_dict()
     return meta, tensors
+
+
+def sharded_contents(components: Mapping[str, Stateful], description: Mapping[str, Any]
+                     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``(meta, main, own)`` for :meth:`CheckpointManager.save_sharded`: the states other than the model
+    and optimizer (DCP saves those), split into the ones alike on every rank and this rank's own."""
+    meta: dict[str, Any] = {**description, "format_version": STATE_FORMAT_VERSION}
+    main: dict[str, Any] = {}
+    own: dict[str, Any] = {}
+    for name, component in components.items():
+        if name not in TENSOR_KEYS:
+            target = own if name in PER_RANK else meta if name in META_COMPONENTS else main
+            target[name] = component.state_dict()
+    if isinstance(main.get("train_state"), dict):
+        own["carried"] = main["train_state"].pop("carried", None)
+    return meta, main, own
 
 
 def hparams_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -113,14 +135,24 @@ def restore_components(path: Path, components: Mapping[str, Stateful], hp: HPara
     Raises :class:`CheckpointError` naming the file for an unreadable, incomplete, unknown-version
     or unfitting checkpoint; nothing is loaded when the checkpoint lacks a component's state.
     """
-    payload = load_checkpoint(path, map_location="cpu", notify=notify)
+    sharded = is_sharded(path)
+    fsdp = sharded and "model" in components and has_dtensors(components["model"].model)
+    if sharded:
+        payload = read_sharded(path, keys=() if fsdp else TENSOR_KEYS)
+    else:
+        payload = load_checkpoint(path, map_location="cpu", notify=notify)
     states = _component_states(payload, path)
     meta = payload["meta"]
     _check_hparams_class(meta["hparams"], hp, path)
-    for name in components:
+    if sharded:
+        _per_rank_states(path, states, components, notify or (lambda _line: None))
+    todo = {name: c for name, c in components.items() if not (fsdp and name in TENSOR_KEYS)}
+    for name in todo:
         if name not in states:
             raise CheckpointError(f"checkpoint {path} is incomplete: no {name!r} entry")
-    for name, component in components.items():
+    if fsdp:
+        load_model_and_optimizer(path, components)
+    for name, component in todo.items():
         try:
             component.load_state_dict(states[name])
         except StateMismatch as exc:
@@ -128,3 +160,15 @@ def restore_components(path: Path, components: Mapping[str, Stateful], hp: HPara
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint {path} has unusable {name} state: {exc}") from None
     return hparams_differences(meta["hparams"], hparams_to_dict(hp))
+
+
+def _per_rank_states(path: Path, states: dict[str, Any], components: Mapping[str, Stateful],
+                     notify: Callable[[str], None]) -> None:
+    """Replace rank 0's random generators and carried state by this rank's (see ``rank_states``)."""
+    import torch.distributed as dist
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    model = getattr(components.get("model"), "model", None)
+    mine = rank_states(path, rank, world, model, notify)
+    states["rng"] = mine["rng"]
+    if isinstance(states.get("train_state"), dict):
+        states["train_state"] = {**states["train_state"], "carried": mine["carried"]}

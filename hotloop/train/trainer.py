@@ -36,7 +36,7 @@ from .runfiles import write_run_files
 from ..schedules import LRControl, build_schedule
 from .setup import (TrainerError, build_training_step, checkpoint_manager, concrete_strategy, open_train_reader,
                     place_model, reader_notices, run_hparams, steps_per_epoch)
-from .snapshot import checkpoint_contents, restore_components
+from .snapshot import checkpoint_contents, restore_components, sharded_contents
 from .stateful import GlobalRNG, ModelState, OptimizerState, Stateful, seed_everything
 from .stopping import StopControl
 from .train_state import TrainState, TrainStateField
@@ -94,7 +94,7 @@ class Trainer(TrainerEvaluation):
                  run_info: dict[str, Any] | None = None, on_nonfinite: str = "stop",
                  init_from: str | Path | InitWeights | None = None, init_strict: bool = False,
                  eval_step: EvalStep | None = None, metrics: dict[str, Any] | None = None,
-                 monitor: str | None = None, mode: str = "min") -> None:
+                 monitor: str | None = None, mode: str = "min", async_checkpoint: bool = False) -> None:
         self.hp = run_hparams(hp, max_steps, max_epochs, max_time)
         problem = as_problem(problem)   # a DataLoader, Dataset or HF dataset: problem_from_data
         self.problem, self.spec = problem, problem.spec(self.hp)
@@ -137,6 +137,7 @@ class Trainer(TrainerEvaluation):
                                  speed_test=self.strategy.speed_test)
         self.checkpoints = checkpoint_manager(self.output_dir, keep_last, self.dist)
         keep_comparable_best(self.checkpoints, self.monitor, self.notify)
+        self.async_checkpoint = async_checkpoint   # sharded saves (several processes) overlap the next steps
 
         self.lr = self.hp.learning_rate
         self.last_checkpoint: Path | None = None
@@ -210,6 +211,8 @@ class Trainer(TrainerEvaluation):
         finally:
             self.feeder.close()
             self.model.train()
+            if self.checkpoints is not None:
+                self.checkpoints.wait()   # an asynchronous save completes before fit returns
         best = self.checkpoints.best() if self.checkpoints else None
         result = FitResult(self.step, self.epoch, time.monotonic() - self.stopper.start, reason,
                            dict(self.last_metrics), str(self.last_checkpoint) if self.last_checkpoint else None,
@@ -340,8 +343,19 @@ class Trainer(TrainerEvaluation):
         description = {"step": self.step, "epoch": self.epoch, "hparams": hparams_to_dict(self.hp),
                        "strategy": self.strategy.to_dict(), "run": self.run_info, "valid_loss": valid_loss,
                        "torch": torch.__version__}
-        meta, tensors = checkpoint_contents(self.components(), description)
         path = None
+        if self.dist.world_size > 1:   # every rank writes its shard (hotloop.train.dcp_checkpoint)
+            parts = sharded_contents(self.components(), description)
+            path = self.checkpoints.save_sharded(self.step, parts, self.components(), rank=self.dist.rank,
+                                                 world_size=self.dist.world_size, asynchronous=self.async_checkpoint,
+                                                 **self.monitor.best_record(last))
+            if self.dist.is_main:
+                self.last_checkpoint = path
+                self.callbacks.emit(Event.CHECKPOINT, self, path=path)
+            self._last_ckpt_step = self.step
+            self.dist.barrier()
+            return path
+        meta, tensors = checkpoint_contents(self.components(), description)
         if self.dist.is_main:
             path = self.checkpoints.save(self.step, meta, tensors, **self.monitor.best_record(last))
             self.last_checkpoint = path
