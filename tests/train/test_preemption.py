@@ -135,7 +135,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
             proc.wait()
     assert proc.returncode == 143, err[-3000:]
     assert "interrupted at step" in err and "Traceback" not in err, err[-3000:]
-    steps = sorted(int(p.name[5:13]) for p in (out / "checkpoints").glob("step-*.ckpt"))
+    steps = sorted(int(p.name[5:13]) for p in (out / "checkpoints").glob("step-*.dcp"))   # 2 ranks: sharded
     stopped_at = steps[-1]
     assert stopped_at % 2 == 0        # taken at a sync point (sync_every=2), by both ranks together
     assert _last_step(out / "metrics.jsonl") <= stopped_at
