@@ -80,9 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a non-finite loss stops the run (default) or its update is skipped and counted")
     add_monitor_flags(parser)
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel worker processes")
-    parser.add_argument("--async-checkpoint", action="store_true",
-                        help="with several processes, write each sharded checkpoint in the background "
-                             "while training goes on (completed before the next one and at exit)")
+    parser.add_argument("--async-checkpoint", action="store_true", help="--nproc: write checkpoints in the background")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart a failed worker group N times")
     parser.add_argument("--nnodes", default=None, metavar="N|MIN:MAX",
                         help="nodes of a multi-node job (run the same line on each; Slurm steps set it)")
