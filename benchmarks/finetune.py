@@ -9,9 +9,9 @@ shape (``bert_minilm_l6``: 6 layers, 384 wide, the 30,522-piece vocabulary) for 
 (``--init-from`` the packaged checkpoint, or BERT's random init) and the peak learning rate
 (``--lr-pretrained``, ``--lr-scratch``: each the usual choice for its start). Every
 ``--eval-every`` steps both are scored on the same ``--eval-examples`` valid pairs; at the end
-on the 2,048 test pairs.
+on ``--test-batches`` batches of test pairs.
 
-    PYTHONPATH=. python benchmarks/finetune.py [--steps 200] [--json docs/data/finetune_minilm.json]
+    PYTHONPATH=. python benchmarks/finetune.py [--steps 150] [--parallel --threads 1] [--json FILE]
     PYTHONPATH=. python benchmarks/finetune.py --smoke      # checks the script; the numbers mean nothing
 
 Reported: both accuracy curves (step 0: before training); ``target``, the best valid accuracy
@@ -22,7 +22,9 @@ not a timing run: the curves are in steps.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import platform
 import sys
 import time
@@ -46,14 +48,15 @@ __all__ = ["main", "run_one", "first_step_reaching"]
 class _Curve(Callback):
     """Records ``(step, valid accuracy, valid loss)`` at every evaluation of the valid split."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.points: list[dict[str, float]] = []
 
     def on_event(self, event: Event, trainer: Any, **info: Any) -> None:
         if event is Event.EVAL_END and info.get("split") == "valid":
             m = info["metrics"]
             self.points.append({"step": trainer.step, "accuracy": m["accuracy"], "loss": m["loss"]})
-            print(f"  step {trainer.step:4d}: valid accuracy {m['accuracy']:.4f} loss {m['loss']:.4f}", flush=True)
+            print(f"  {self.name} step {trainer.step:4d}: valid accuracy {m['accuracy']:.4f} loss {m['loss']:.4f}", flush=True)
 
 
 def run_one(problem: PTBNextSentence, args: argparse.Namespace, pretrained: bool) -> dict[str, Any]:
@@ -63,16 +66,16 @@ def run_one(problem: PTBNextSentence, args: argparse.Namespace, pretrained: bool
                                   warmup_steps=max(1, args.steps // 10), learning_rate=lr)
     torch.manual_seed(hp.seed)
     model = BERT(hp, problem.spec(hp))
-    curve = _Curve()
+    curve = _Curve("pretrained" if pretrained else "scratch")
     init = default_tokenizer_path().parent if pretrained else None
     trainer = Trainer(problem, model, hp, strategy=Strategy(sync_every=args.eval_every), loggers=[],
                       eval_every=args.eval_every, eval_batches=max(1, args.eval_examples // args.batch_size),
                       callbacks=[curve], init_from=init)
     for line in trainer.notices:
-        print(f"  {line}")
+        print(f"  {curve.name}: {line}", flush=True)
     start = trainer.evaluate("valid")
     curve.points.insert(0, {"step": 0, "accuracy": start["accuracy"], "loss": start["loss"]})
-    print(f"  step    0: valid accuracy {start['accuracy']:.4f} loss {start['loss']:.4f}", flush=True)
+    print(f"  {curve.name} step    0: valid accuracy {start['accuracy']:.4f} loss {start['loss']:.4f}", flush=True)
     began = time.monotonic()
     trainer.fit()
     test = trainer.evaluate("test", max_batches=args.test_batches)
@@ -82,6 +85,11 @@ def run_one(problem: PTBNextSentence, args: argparse.Namespace, pretrained: bool
             "wall_seconds": round(time.monotonic() - began, 1)}
 
 
+def _run_in_process(args: argparse.Namespace, pretrained: bool) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    return run_one(PTBNextSentence(), args, pretrained)
+
+
 def first_step_reaching(curve: list[dict[str, float]], accuracy: float) -> int | None:
     """The first evaluated step whose valid accuracy is at least ``accuracy`` (None: never)."""
     return next((p["step"] for p in curve if p["accuracy"] >= accuracy), None)
@@ -89,26 +97,33 @@ def first_step_reaching(curve: list[dict[str, float]], accuracy: float) -> int |
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=48)
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--eval-examples", type=int, default=512)
-    parser.add_argument("--test-batches", type=int, default=0, help="0: all 2,048 test pairs")
+    parser.add_argument("--eval-every", type=int, default=15)
+    parser.add_argument("--eval-examples", type=int, default=256)
+    parser.add_argument("--test-batches", type=int, default=64, help="test batches at the end (0: all 2,048 pairs)")
     parser.add_argument("--lr-pretrained", type=float, default=1e-4)
     parser.add_argument("--lr-scratch", type=float, default=5e-4)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="threads per run")
+    parser.add_argument("--parallel", action="store_true", help="both runs at once, one process each")
     parser.add_argument("--json", default=None, help="write the report here (e.g. docs/data/finetune_minilm.json)")
     parser.add_argument("--smoke", action="store_true", help="4 steps, tiny evaluations: checks the script")
     args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.batch_size, args.eval_every, args.eval_examples, args.test_batches = 4, 4, 2, 8, 2
     torch.set_num_threads(args.threads)
-    problem = PTBNextSentence()
-    runs = {}
-    for name, pretrained in (("pretrained", True), ("scratch", False)):
-        print(f"{name}:", flush=True)
-        runs[name] = run_one(problem, args, pretrained)
+    names = {"pretrained": True, "scratch": False}
+    if args.parallel:       # one process per run, each with --threads threads
+        with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {name: pool.submit(_run_in_process, args, pretrained) for name, pretrained in names.items()}
+            runs = {name: future.result() for name, future in futures.items()}
+    else:
+        problem = PTBNextSentence()
+        runs = {}
+        for name, pretrained in names.items():
+            print(f"{name}:", flush=True)
+            runs[name] = run_one(problem, args, pretrained)
     target = max(p["accuracy"] for p in runs["scratch"]["curve"][1:])
     reached = {name: first_step_reaching(run["curve"][1:], target) for name, run in runs.items()}
     thresholds = {f"{t:.2f}": {name: first_step_reaching(run["curve"][1:], t) for name, run in runs.items()}
