@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from .common import CLIError
+from .init_flags import add_init_arguments
 from .monitor_flags import add_monitor_flags, check_monitor_flags, early_stopping
 from .run_record import print_summary, run_info
 
-__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "add_init_arguments", "run", "check_output_dir",
-           "check_writable", "take_run_lock", "print_summary", "TRAIN_DEFAULTS"]
+__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run", "check_output_dir", "check_writable",
+           "take_run_lock", "print_summary", "TRAIN_DEFAULTS"]
 
 NAME = "train"
 HELP = "train a model on a problem"
@@ -89,19 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rdzv-id", default=None, help="the job's id, the same on every node")
     parser.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
                         help="collective timeout of the workers (default 1800; HOTLOOP_DIST_TIMEOUT_S)")
-
-
-def add_init_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--init-from`` and its options (:mod:`hotloop.train.init_from`)."""
-    parser.add_argument("--init-from", default=None, metavar="PATH",
-                        help="initialise the weights from a hotloop checkpoint or run directory, a safetensors "
-                             "export or a Hugging Face BERT directory (a fresh run: step 0, new optimizer)")
-    parser.add_argument("--init-strict", action="store_true", default=None,
-                        help="--init-from must fill every tensor of the model exactly (default: load what fits "
-                             "and list the rest)")
-    parser.add_argument("--init-hparams-from-config", action="store_true", default=None,
-                        help="take bert's sizes, activation and dropout from the --init-from directory's "
-                             "config.json (--override still wins)")
 
 
 def _probe_parser() -> argparse.ArgumentParser:
@@ -271,21 +259,17 @@ def run(args: argparse.Namespace) -> int:
     from . import cli_support
     from ..train.bleu_during_training import supports_bleu
     from ..compose.build import resolve_names
+    from .init_flags import init_overrides, read_init
     from ..train.checkpoint import CheckpointManager
-    from ..train.init_from import check_init_sizes, hf_hparams, read_init_weights
     from ..train.tracking import parse_logger_names
     apply_config(args)
     overrides = dict(args.hparams_changes)
     for key in ("max_steps", "max_epochs"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
-    args.init_weights = None
-    if args.init_from and args.init_hparams_from_config:
-        overrides = {**hf_hparams(args.init_from), **overrides}
+    overrides = init_overrides(args, overrides)
     problem_cls, model_cls, hparams_name, hp = resolve_names(args.problem, args.model, args.hparams, overrides)
-    if args.init_from:   # read and checked before anything is written
-        args.init_weights = read_init_weights(args.init_from)
-        check_init_sizes(args.init_weights, hp)
+    args.init_weights = read_init(args, hp)   # read and checked before anything is written
     request = strategy_request(args)
     parse_logger_names(args.loggers)
     check_monitor_flags(args)
