@@ -20,7 +20,7 @@ from typing import Any
 from . import train
 from .common import CLIError
 
-__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run", "trial_argv"]
+__all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run", "trial_argv", "train_option_strings"]
 
 NAME = "search"
 HELP = "hyperparameter search (Optuna) over a space file; each trial is a normal train run"
@@ -35,11 +35,20 @@ _OWN = ("--space", "--trials", "--output-dir", "--storage", "--study-name", "--j
 _MARKER = "search.json"
 
 
-def _train_actions() -> list[argparse.Action]:
-    """The ``hotloop train`` flags a search takes and passes on (those not named like its own)."""
+def _train_probe() -> list[argparse.Action]:
     probe = argparse.ArgumentParser(add_help=False)
     train.add_arguments(probe)
-    return [a for a in probe._actions if a.dest not in _NOT_FORWARDED and not set(a.option_strings) & set(_OWN)]
+    return probe._actions
+
+
+def _train_actions() -> list[argparse.Action]:
+    """The ``hotloop train`` flags a search takes and passes on (those not named like its own)."""
+    return [a for a in _train_probe() if a.dest not in _NOT_FORWARDED and not set(a.option_strings) & set(_OWN)]
+
+
+def train_option_strings() -> set[str]:
+    """Every option string of ``hotloop train`` (those a search shadows with its own included)."""
+    return {o for a in _train_probe() for o in a.option_strings}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +102,10 @@ def trial_argv(args: argparse.Namespace, params: dict[str, Any], out: Path, stra
         else:
             for item in value if isinstance(value, list) else [value]:
                 argv += [flag, str(item)]
+    if "--monitor" in train_option_strings() and getattr(args, "monitor", None) is None:
+        argv += ["--monitor", args.metric]      # each trial's best checkpoint follows the searched metric
+    if "--mode" in train_option_strings():
+        argv += ["--mode", args.mode or "min"]
     return argv + ["--strategy", str(strategy_file), "--output-dir", str(out)]
 
 

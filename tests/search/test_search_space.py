@@ -109,6 +109,9 @@ def test_trial_command_line_passes_the_search_flags_on(tmp_path):
                  "--hparams mlp_algorithmic", f"--strategy {tmp_path / 'D' / 'strategy.json'}",
                  f"--output-dir {tmp_path / 'D' / 'trial_0002'}"):
         assert flag in text
+    from hotloop.cli.search import train_option_strings
+    if {"--monitor", "--mode"} <= train_option_strings():   # each trial's best checkpoint: the searched metric
+        assert "--monitor loss --mode min" in text
     for search_only in ("--trials", "--jobs", "--space", "--metric", "--precision", "--output-dir D "):
         assert search_only not in text + " "
     assert isinstance(build_parser(only="train").parse_args(argv), argparse.Namespace)
