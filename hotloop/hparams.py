@@ -196,7 +196,9 @@ def hparams_from_dict(data: dict[str, Any], cls: type[H] | None = None) -> H:
 
     The ``"__class__"`` name is resolved by :func:`hotloop.class_lookup.resolve_hparams_class`:
     only classes of hotloop's registries and of ``--import`` modules, never an import the data
-    asks for (a class it does not know is an :class:`HParamsError` before any import).
+    asks for (a class it does not know is an :class:`HParamsError` before any import). Each value
+    must have its field's type (:func:`typed_value`: an int widens to a float, a list becomes a
+    tuple); a wrong one is an :class:`HParamsError` naming the field.
     """
     if not isinstance(data, dict):
         raise HParamsError(f"hparams must be a mapping of fields, got {type(data).__name__}")
@@ -207,11 +209,11 @@ def hparams_from_dict(data: dict[str, Any], cls: type[H] | None = None) -> H:
         if qual:
             from .class_lookup import resolve_hparams_class
             cls = resolve_hparams_class(qual)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+    types_ = _field_types(cls)
+    unknown = sorted(set(data) - set(types_))
     if unknown:
         raise HParamsError(f"hparams has fields unknown to {cls.__name__}: {unknown}")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    return cls(**{k: typed_value(k, v, types_[k]) for k, v in data.items()})
 
 
 def get_hparams(name: str, overrides: str | dict[str, Any] | None = None) -> HParams:

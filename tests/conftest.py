@@ -8,9 +8,19 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 # the raw-data root of every problem that reads raw files (ptb/, multi30k/), as the benchmarks use it
 os.environ.setdefault("HOTLOOP_RAW_ROOT", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (the cores are shared: less load, the same kernels every run)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

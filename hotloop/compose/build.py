@@ -25,7 +25,8 @@ from ..problems.base import Problem, ProblemSpec
 from ..registry import hparams_sets, models, problems
 from ..train.events import Callback
 
-__all__ = ["Run", "resolve_names", "build_run", "build_model", "problem_class", "run_callbacks"]
+__all__ = ["Run", "resolve_names", "build_run", "build_model", "build_recorded_model", "RecordedHParamsError",
+           "problem_class", "run_callbacks"]
 
 
 @dataclass
@@ -88,6 +89,22 @@ def build_model(model_cls: type, hp: HParams, spec: ProblemSpec, device: str | t
     """The model, initialised from ``hp.seed`` (the same weights every time)."""
     torch.manual_seed(hp.seed)
     return model_cls(hp, spec).to(device)
+
+
+class RecordedHParamsError(HParamsError):
+    """Hparams read from a file (a checkpoint, an export manifest) that the model cannot be built with."""
+
+
+def build_recorded_model(model_cls: type, hp: HParams, spec: ProblemSpec, device: str | torch.device,
+                         source: str) -> nn.Module:
+    """:func:`build_model` for hparams that a file recorded: whatever the model's constructor
+    raises for them (a width of 0, heads that do not divide it) is one line naming ``source``."""
+    try:
+        return build_model(model_cls, hp, spec, device)
+    except Exception as exc:  # noqa: BLE001 - an edited file's hparams can fail any check of any model
+        detail = " ".join(str(exc).split())[:200]
+        raise RecordedHParamsError(f"{source}: its hparams do not build model {model_cls.__name__} "
+                                   f"({type(exc).__name__}: {detail})") from None
 
 
 def build_run(problem: str, model: str, hparams: str | None = None, overrides: str | None = None, *,

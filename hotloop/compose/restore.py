@@ -12,12 +12,12 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..hparams import HParams, hparams_from_dict
+from ..hparams import HParams, HParamsError, hparams_from_dict
 from ..problems.base import Problem, ProblemSpec
 from ..registry import models
 from ..train.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint
 from ..train.evaluation import evaluate_reader
-from .build import build_model, problem_class
+from .build import build_recorded_model, problem_class
 from .run_data import recorded_data, using_roots
 
 __all__ = ["TrainedRun", "find_checkpoint", "load_trained", "evaluate_checkpoint"]
@@ -71,13 +71,16 @@ def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_d
     path = Path(path)
     payload = load_checkpoint(path)
     meta = payload["meta"]
-    run = meta.get("run") or {}
-    if not run.get("problem") or not run.get("model") or "hparams" not in meta or "model" not in payload:
+    run = _run_record(path, meta)
+    if "hparams" not in meta or not isinstance(payload.get("model"), dict):
         raise CheckpointError(f"checkpoint {path} does not record its problem/model/hparams; "
                               f"it was not written by `hotloop train`")
     model_cls = models.get(run["model"])          # registry names first: they define the hparams class
     problem_cls = problem_class(run["problem"], model_cls)
-    hp = hparams_from_dict(meta["hparams"])       # never imports a module the checkpoint names
+    try:
+        hp = hparams_from_dict(meta["hparams"])   # never imports a module the checkpoint names
+    except HParamsError as exc:
+        raise CheckpointError(f"checkpoint {path}: {exc}") from None
     data = recorded_data(run, data_dir=data_dir, raw_dir=raw_dir, raw_root=raw_root)
     with using_roots(data):             # problems read the roots when they are built
         problem = problem_cls(data_dir=data.data_dir, raw_dir=data.raw_dir)
@@ -85,17 +88,31 @@ def load_trained(path: str | Path, *, device: str | torch.device = "cpu", data_d
             problem.prepare()
     spec = problem.spec(hp)
     device = torch.device(device)
-    model = build_model(model_cls, hp, spec, device)
+    model = build_recorded_model(model_cls, hp, spec, device, f"checkpoint {path}")
     try:
         model.load_state_dict(payload["model"])
-    except RuntimeError as exc:
+    except (RuntimeError, TypeError, AttributeError) as exc:
         detail = " ".join(str(exc).split())[:300]
         raise CheckpointError(f"checkpoint {path} does not fit model {run['model']!r}: {detail}") from None
     model.eval()
-    precision = (meta.get("strategy") or {}).get("precision", "fp32")
+    strategy = meta.get("strategy") if isinstance(meta.get("strategy"), dict) else {}
+    precision = strategy.get("precision", "fp32") if strategy.get("precision") in ("fp32", "bf16", "fp16") else "fp32"
     if precision == "fp16" and device.type != "cuda":
         precision = "fp32"
     return TrainedRun(problem, hp, spec, model, path, dict(run), precision)
+
+
+def _run_record(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta["run"]`` with its names and data directories checked to be text."""
+    run = meta.get("run") or {}
+    if not isinstance(run, dict) or not isinstance(run.get("problem"), str) or not run["problem"] \
+            or not isinstance(run.get("model"), str) or not run["model"]:
+        raise CheckpointError(f"checkpoint {path} does not record its problem/model/hparams; "
+                              f"it was not written by `hotloop train`")
+    for key in ("data_dir", "raw_dir"):
+        if run.get(key) is not None and not isinstance(run[key], str):
+            raise CheckpointError(f"checkpoint {path} records {key} {run[key]!r}, not a path")
+    return run
 
 
 def evaluate_checkpoint(path: str | Path, splits: Sequence[str] = ("valid", "test"), *,

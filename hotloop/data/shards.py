@@ -27,7 +27,7 @@ import numpy as np
 from .download import file_digest
 from .errors import ChecksumError, DataError
 
-__all__ = ["MANIFEST", "ShardWriter", "read_manifest", "manifest_matches", "open_array",
+__all__ = ["MANIFEST", "ShardWriter", "read_manifest", "manifest_matches", "open_array", "split_fields",
            "ragged_to_arrays", "RaggedArray"]
 
 MANIFEST = "manifest.json"
@@ -96,7 +96,47 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
         raise DataError(f"{path}: unreadable manifest ({exc}); delete the directory and re-run datagen") from exc
     if not isinstance(manifest, dict) or manifest.get("version") != VERSION or "files" not in manifest:
         raise DataError(f"{path}: not a hotloop manifest of version {VERSION}; re-run datagen")
+    _check_entries(path, manifest)
     return manifest
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_entries(path: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's ``files`` (plain names, sizes, sha256s, dtypes, shapes) and ``meta`` are well formed."""
+    files = manifest["files"]
+    if not isinstance(files, dict) or not isinstance(manifest.get("meta", {}), dict):
+        raise DataError(f"{path}: its 'files' or 'meta' is not a mapping (edited or corrupt); re-run datagen")
+    for name, entry in files.items():
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise DataError(f"{path}: lists {name!r}, which is not a file name in the data directory; "
+                            "re-run datagen")
+        ok = isinstance(entry, dict) and _is_count(entry.get("bytes")) and isinstance(entry.get("sha256"), str)
+        if ok and "dtype" in entry:
+            ok = isinstance(entry["dtype"], str)
+        if ok and "shape" in entry:
+            ok = isinstance(entry["shape"], list) and all(_is_count(d) for d in entry["shape"])
+        if not ok:
+            raise DataError(f"{path}: the entry of {name} is not bytes/sha256/dtype/shape (edited or corrupt); "
+                            "re-run datagen")
+
+
+def split_fields(data_dir: str | Path, manifest: dict[str, Any], split: str) -> dict[str, tuple[str, str]]:
+    """``field -> (tokens file, offsets file)`` of a prepared split (``meta.splits[split].fields``)."""
+    path = Path(data_dir) / MANIFEST
+    splits = manifest.get("meta", {}).get("splits", {})
+    if not isinstance(splits, dict):
+        raise DataError(f"{path}: its meta.splits is not a mapping; re-run datagen")
+    if split not in splits:
+        raise DataError(f"{Path(data_dir)}: no split {split!r} prepared (have {sorted(map(str, splits))})")
+    fields = splits[split].get("fields") if isinstance(splits[split], dict) else None
+    if not isinstance(fields, dict) or not all(
+            isinstance(f, dict) and isinstance(f.get("tokens"), str) and isinstance(f.get("offsets"), str)
+            for f in fields.values()):
+        raise DataError(f"{path}: split {split!r} does not list tokens/offsets files per field; re-run datagen")
+    return {name: (files["tokens"], files["offsets"]) for name, files in fields.items()}
 
 
 def verify_entry(data_dir: Path, name: str, entry: dict[str, Any], *, checksum: bool = True) -> None:

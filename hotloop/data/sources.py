@@ -11,7 +11,7 @@ import torch
 
 from .errors import DataError
 from .reader import Reader
-from .shards import RaggedArray, open_array, read_manifest
+from .shards import RaggedArray, open_array, read_manifest, split_fields
 
 __all__ = ["from_arrays", "from_generator", "from_shards", "ArraySource", "GeneratorSource",
            "StreamWindows", "stream_windows"]
@@ -100,14 +100,11 @@ class ShardSource(Reader):
     def __init__(self, data_dir: str | Path, split: str, *, verify: bool = True) -> None:
         super().__init__()
         manifest = read_manifest(data_dir)
-        splits = manifest.get("meta", {}).get("splits", {})
-        if split not in splits:
-            raise DataError(f"{Path(data_dir)}: no split {split!r} prepared (have {sorted(splits)})")
         self._fields: dict[str, RaggedArray] = {}
-        for field, files in splits[split]["fields"].items():
-            tokens = open_array(data_dir, files["tokens"], manifest, verify=verify)
-            offsets = open_array(data_dir, files["offsets"], manifest, verify=verify)
-            self._fields[field] = RaggedArray(tokens, offsets, str(Path(data_dir) / files["offsets"]))
+        for field, (tokens_file, offsets_file) in split_fields(data_dir, manifest, split).items():
+            tokens = open_array(data_dir, tokens_file, manifest, verify=verify)
+            offsets = open_array(data_dir, offsets_file, manifest, verify=verify)
+            self._fields[field] = RaggedArray(tokens, offsets, str(Path(data_dir) / offsets_file))
         sizes = {len(r) for r in self._fields.values()}
         if len(sizes) != 1:
             raise DataError(f"{Path(data_dir)}: fields of split {split!r} differ in length; re-run datagen")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compose.build import build_recorded_model
 from ..hparams import HParams, HParamsError, hparams_from_dict, hparams_to_dict
 from ..problems.base import ProblemSpec
 from ..registry import RegistryError, models
@@ -72,9 +73,18 @@ def read_manifest(export_dir: str | Path) -> dict[str, Any]:
         raise ExportFileError(path, f"unreadable export manifest (truncated or corrupt?): {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("hotloop_export") != EXPORT_VERSION:
         raise ExportFileError(path, f"not a hotloop export manifest of version {EXPORT_VERSION}")
-    for key in ("format", "model", "hparams", "spec", "files", "graphs"):
+    for key, kind in (("format", str), ("model", str), ("hparams", dict), ("spec", dict), ("files", dict),
+                      ("graphs", dict)):
         if key not in manifest:
             raise ExportFileError(path, f"export manifest lacks {key!r} (truncated or edited?)")
+        if not isinstance(manifest[key], kind):
+            raise ExportFileError(path, f"export manifest's {key!r} is a {type(manifest[key]).__name__}, "
+                                        f"not a {'string' if kind is str else 'mapping'} (edited?)")
+    for name, entry in manifest["files"].items():
+        if Path(name).name != name or not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+                or not isinstance(entry.get("bytes"), int):
+            raise ExportFileError(path, f"export manifest's entry for {name!r} is not a file name with "
+                                        f"sha256 and bytes (edited?)")
     return manifest
 
 
@@ -119,10 +129,9 @@ def rebuild_model(manifest: dict[str, Any]) -> nn.Module:
         raise ExportError(f"{exc}; {IMPORT_HINT}") from None
     try:
         spec = _spec_from_dict(manifest["spec"])
-    except (TypeError, KeyError) as exc:
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise ExportError(f"export spec does not fit ProblemSpec: {exc}") from None
-    torch.manual_seed(hp.seed)
-    return model_cls(hp, spec).eval()
+    return build_recorded_model(model_cls, hp, spec, "cpu", f"export manifest of model {name!r}").eval()
 
 
 def save_safetensors(model: nn.Module, out_dir: Path, manifest: dict[str, Any]) -> Path:

@@ -7,7 +7,6 @@ be read or does not describe a valid Strategy is ignored with a warning.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -57,13 +56,11 @@ def cache_path(key: dict[str, Any], directory: Path | None = None) -> Path:
     return (directory or cache_dir()) / f"strategy_{digest}.json"
 
 
-def _strategy_from(data: dict[str, Any]) -> Strategy:
-    names = {f.name: f for f in dataclasses.fields(Strategy)}
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ValueError(f"unknown strategy fields {unknown}")
-    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return Strategy(**fixed)
+def _strategy_from(data: Any) -> Strategy:
+    """The cached Strategy fields, each checked by name and type (:meth:`Strategy.from_mapping`)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"the strategy is a {type(data).__name__}, not a mapping")
+    return Strategy.from_mapping(data)
 
 
 def load_choice(key: dict[str, Any], device: torch.device,

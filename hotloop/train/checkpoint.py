@@ -211,6 +211,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         payload["meta"] = json.loads(payload["meta"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptCheckpointError(path, f"its metadata is unreadable: {exc}") from None
+    if not isinstance(payload["meta"], dict):
+        raise CorruptCheckpointError(path, f"its metadata is a {type(payload['meta']).__name__}, not a mapping")
     return payload
 
 

@@ -157,8 +157,10 @@ def restore_components(path: Path, components: Mapping[str, Stateful], hp: HPara
             component.load_state_dict(states[name])
         except StateMismatch as exc:
             raise CheckpointError(f"checkpoint {path} {exc}") from None
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(f"checkpoint {path} has unusable {name} state: {exc}") from None
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
+            detail = " ".join(str(exc).split())[:300]
+            raise CheckpointError(f"checkpoint {path} has unusable {name} state: {type(exc).__name__}: "
+                                  f"{detail}") from None
     return hparams_differences(meta["hparams"], hparams_to_dict(hp))
 
 

@@ -41,7 +41,9 @@ class LogWindow:
     def add_step(self, stats: dict[str, Tensor], loss: Tensor, grad_norm: Tensor | None,
                  nonfinite: Tensor | None = None) -> None:
         """Add one optimizer step's statistics (tensors; nothing is read); ``nonfinite`` is the
-        step's ``[]`` bool "not finite" flag (counted as ``nonfinite_steps`` in the row)."""
+        step's ``[]`` bool "not finite" flag (counted as ``nonfinite_steps`` in the row: the ranks' flags
+        summed over the window and divided by the world size, rounded up, so a step that every rank
+        flags counts once and a step that one rank flags still counts)."""
         self.sums.add(stats)
         extra = {"_loss_sum": loss}
         if grad_norm is not None:
@@ -70,7 +72,7 @@ class LogWindow:
         row["data_fraction"] = min(1.0, waited / wall)
         if "_grad_norm_sum" in sums:
             row["grad_norm"] = sums["_grad_norm_sum"] / max(steps, 1) / world_size
-        if "_nonfinite" in sums:
-            row["nonfinite_steps"] = int(round(sums["_nonfinite"]))
+        if "_nonfinite" in sums:   # summed over ranks: a step every rank flags (shared gradients) counts once
+            row["nonfinite_steps"] = math.ceil(int(round(sums["_nonfinite"])) / world_size)
         row["time"] = elapsed
         return row
