@@ -27,8 +27,9 @@ from typing import Sequence
 
 __all__ = ["CUDA_ONLY", "MISSING_PACKAGE", "Skip", "read_skips", "unexpected", "main"]
 
-#: reasons of skips allowed in every CI run: the test needs CUDA (there is no GPU in CI)
-CUDA_ONLY = re.compile(r"\bCUDA\b|\bGPU\b")
+#: reasons of skips allowed in every CI run: the test needs CUDA (there is no GPU in CI): "needs CUDA",
+#: "needs 2 GPUs", "NCCL only" (any case)
+CUDA_ONLY = re.compile(r"\b(CUDA|GPUs?|NCCL)\b", re.IGNORECASE)
 #: reasons that mean a package could not be imported (never allowed)
 MISSING_PACKAGE = re.compile(r"could not import|No module named|ModuleNotFoundError|ImportError")
 
