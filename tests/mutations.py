@@ -165,7 +165,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/fuzz/test_fuzz_data_files.py::test_mutated_export_directories",),
              "an export manifest whose parts have the wrong type is read"),
     Mutation("config_counts_unchecked", "hotloop/cli/train.py",
-             "    _check_counts(args)", "    pass",
+             "    check_counts(vars(args))", "    pass",
              ("tests/fuzz/test_fuzz_text_inputs.py::test_config_files",),
              "a config file's keep_last 0 (or a negative count) reaches the Trainer"),
     Mutation("ci_allows_missing_packages", ".ci/check_skips.py",

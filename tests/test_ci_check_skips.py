@@ -70,3 +70,25 @@ def test_a_missing_package_fails_even_when_its_reason_names_cuda():
 def test_an_unreadable_report_is_an_error(tmp_path):
     (tmp_path / "junit.xml").write_text("<testsuites")
     assert check_skips.main([str(tmp_path / "junit.xml")]) == 2
+
+
+#: import names of [test]-extra distributions whose import name is not the distribution's name
+_IMPORT_NAMES = {"pyyaml": "yaml"}
+
+
+def test_no_test_imports_skip_a_package_the_test_extra_installs():
+    """``importorskip`` of a package that ``pip install -e ".[test]"`` installs would turn a broken
+    install into a green run of skips; those tests import it (a failure is a failure)."""
+    import re
+    import tomllib
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    installed = {_IMPORT_NAMES.get(name, name).replace("-", "_").lower()
+                 for name in (re.split(r"[<>=!~\[; ]", spec)[0] for spec in extra)}
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name in ("test_ci_check_skips.py", "mutations.py"):
+            continue
+        for module in re.findall(r"importorskip\(\s*[\"']([\w.]+)[\"']", path.read_text(encoding="utf-8")):
+            if module.split(".")[0].lower() in installed:
+                found.append(f"{path.relative_to(REPO)}: {module}")
+    assert found == [], "importorskip of [test]-extra packages (import them instead): " + ", ".join(found)

@@ -121,7 +121,7 @@ def apply_config(args: argparse.Namespace) -> None:
     hparams changes (each the file's, then the flags'; the user's ``k=v`` text is split once and
     its values converted once, by the hparams class, when applied).
     """
-    from ..compose.config import hparams_changes, load_config
+    from ..compose.config import check_counts, hparams_changes, load_config
     from ..engine.strategy import Strategy
     from .common import apply_raw_root, import_modules, resolve_device
     given = _given_flags(args)
@@ -150,21 +150,7 @@ def apply_config(args: argparse.Namespace) -> None:
     # the user's text, parsed once; the flag's changes win over the file's
     args.strategy_changes = {**changes, **Strategy.parse_overrides(args.strategy_override)}
     _apply_shortcuts(args)
-    _check_counts(args)
-
-
-#: settings (flag or config key) -> the least value they take (None: not given)
-_LEAST = {"keep_last": 1, "eval_every": 0, "max_steps": 0, "max_epochs": 0}
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    """Counts and limits from the flags or the config file are in range (a negative count is an error)."""
-    for key, least in _LEAST.items():
-        value = getattr(args, key, None)
-        if value is not None and value < least:
-            raise CLIError(f"{key} (--{key.replace('_', '-')}) must be >= {least}, got {value}")
-    if args.max_time is not None and not args.max_time > 0:
-        raise CLIError(f"max_time (--max-time) must be > 0 seconds, got {args.max_time}")
+    check_counts(vars(args))
 
 
 def _strategy_changes(value: str | dict[str, Any] | None) -> dict[str, Any]:

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import UserError
 from ..hparams import parse_overrides
 
-__all__ = ["ConfigError", "CONFIG_KEYS", "ALIASES", "IGNORED_KEYS", "load_config", "hparams_changes"]
+__all__ = ["ConfigError", "CONFIG_KEYS", "ALIASES", "IGNORED_KEYS", "LEAST_VALUES", "load_config", "hparams_changes",
+           "check_counts"]
 
 
 class ConfigError(UserError, ValueError):
-    """A config file that cannot be read or has an unknown key or a value of the wrong type."""
+    """A config file that cannot be read or has an unknown key or a value of the wrong type, or a
+    ``hotloop train`` count or limit (flag or config key) out of range."""
 
 
 _STR, _INT, _NUM, _BOOL = (str,), (int,), (int, float), (bool,)
@@ -49,6 +51,8 @@ ALIASES = {"hparams_set": "hparams", "strategy_override": "strategy_overrides", 
            "import": "imports"}
 #: keys that ``run.json`` records for information only (``data_root``: ``HOTLOOP_DATA_DIR`` then)
 IGNORED_KEYS = ("torch", "data_root")
+#: counts of ``hotloop train`` (a flag or a config key) -> the least value they take
+LEAST_VALUES = {"keep_last": 1, "eval_every": 0, "max_steps": 0, "max_epochs": 0}
 
 
 def _type_names(types: tuple[type, ...]) -> str:
@@ -127,3 +131,15 @@ def hparams_changes(*parts: str | dict[str, Any] | None) -> dict[str, Any]:
         elif part:
             changes.update(parse_overrides(part))
     return changes
+
+
+def check_counts(settings: Mapping[str, Any]) -> None:
+    """The counts and the time limit of ``hotloop train`` settings (flags or a config file, None
+    when not given) are in range: :data:`LEAST_VALUES`, and ``max_time`` > 0 seconds."""
+    for key, least in LEAST_VALUES.items():
+        value = settings.get(key)
+        if value is not None and value < least:
+            raise ConfigError(f"{key} (--{key.replace('_', '-')}) must be >= {least}, got {value}")
+    max_time = settings.get("max_time")
+    if max_time is not None and not max_time > 0:
+        raise ConfigError(f"max_time (--max-time) must be > 0 seconds, got {max_time}")

@@ -75,7 +75,6 @@ def test_strict_loading_refuses_what_does_not_fit_and_copies_nothing(run_dir):
 
 
 def test_safetensors_export_directory_and_a_corrupt_one(run_dir, tmp_path):
-    pytest.importorskip("safetensors")
     from hotloop.export import export_model
     source = tiny_bert(seed=11)
     export_model(source, "safetensors", tmp_path / "export", model_name="bert", log=lambda _: None)

@@ -51,10 +51,19 @@ def result_or_user_error(call: Callable[[], T], *inputs: Any) -> T | UserError:
     except UserError as exc:
         message = str(exc)
         assert message.strip(), f"{type(exc).__name__} with an empty message"
-        if not any(ch in str(value) for value in inputs for ch in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"):
+        if not any(ch in text for text in _texts(inputs) for ch in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"):
             assert len(message.strip().splitlines()) == 1, f"{type(exc).__name__} message is not one line: {message!r}"
         assert "Traceback" not in message, message
         return exc
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string inside ``value`` (nested mappings and lists included; other values as ``str``)."""
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in _texts(k) + _texts(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _texts(v)]
+    return [value if isinstance(value, str) else str(value)]
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -18,7 +18,7 @@ import torch
 from fuzz_support import (apply_byte_mutation, apply_json_edit, byte_mutation, content_digests, field_edit,
                           fuzz_settings, json_edit, json_values, result_or_user_error, tree_digest)
 from helpers import make_trainer, tiny_hp
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from hotloop import cli
@@ -129,6 +129,10 @@ def _edited_payload(payload, target, edit, tensor_edit):
        edit=st.one_of(json_edit(), field_edit(_META_KEYS), field_edit(_HP_KEYS),
                       field_edit(["problem", "model", "data_dir", "raw_dir", "overrides"])),
        tensor_edit=st.tuples(st.sampled_from(["drop", "replace", "reshape", "entry"]), json_values()))
+@example(target="run", edit=("set", 0, 3, "model"), tensor_edit=("drop", None))             # found by fuzzing
+@example(target="meta", edit=("replace", 0, 7, "x"), tensor_edit=("drop", None))
+@example(target="hparams", edit=("set", 0, -(2 ** 63), "num_heads"), tensor_edit=("drop", None))
+@example(target="hparams", edit=("set", 0, "x", "dropout"), tensor_edit=("drop", None))
 def test_edited_checkpoint_contents(tmp_path_factory, original, resumer, target, edit, tensor_edit):
     root = tmp_path_factory.mktemp("contents")
     path = root / "checkpoints" / "step-00000002.ckpt"

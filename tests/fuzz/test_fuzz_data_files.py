@@ -16,7 +16,7 @@ import pytest
 import torch
 from fuzz_support import (apply_byte_mutation, apply_json_edit, byte_mutation, field_edit, fuzz_settings,
                           json_edit, result_or_user_error, tree_digest)
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from hotloop.data.shards import ShardWriter, manifest_matches, read_manifest
@@ -59,6 +59,8 @@ def _read_split(root, verify):
                                "vocab.txt"]),
        mutation=st.one_of(byte_mutation(), json_edit(), field_edit(["version", "problem", "config", "files", "meta"])),
        verify=st.booleans())
+@example(target="manifest.json", mutation=("set", 0, None, "files"), verify=True)        # found by fuzzing
+@example(target="manifest.json", mutation=("set", 0, 3, "meta"), verify=False)
 def test_mutated_data_shards(tmp_path_factory, shards, target, mutation, verify):
     root = tmp_path_factory.mktemp("shard_case") / "data"
     shutil.copytree(shards, root)
@@ -82,6 +84,7 @@ _STRATEGY_KEYS = sorted(Strategy().to_dict())
 @fuzz_settings(80)
 @given(mutation=st.one_of(byte_mutation(), json_edit(), field_edit(["key", "strategy", "table"]),
                           field_edit(_STRATEGY_KEYS).map(lambda e: ("strategy",) + e)))
+@example(mutation=("strategy", "set", 0, -(2 ** 63), "onednn"))                            # found by fuzzing
 def test_mutated_tune_cache_files(tmp_path_factory, mutation):
     root = tmp_path_factory.mktemp("tune_cache")
     path = save_choice(_KEY, Strategy(intra_op_threads=2, prefetch=1), [{"name": "eager", "seconds": 0.5}], root)
@@ -122,6 +125,10 @@ _EXPORT_KEYS = ["hotloop_export", "format", "model", "hparams", "spec", "files",
        mutation=st.one_of(byte_mutation(), json_edit(), field_edit(_EXPORT_KEYS),
                           field_edit(["conv_channels", "image_size", "hidden_size", "__class__", "dropout",
                                       "task", "input_vocab_size", "target_vocab_size", "pad_id", "streamed"])))
+@example(target="config.json", mutation=("set", 0, None, "files"))                         # found by fuzzing
+@example(target="config.json", mutation=("set", 0, ["model.safetensors"], "files"))
+@example(target="config.json", mutation=("set", 0, None, "spec"))
+@example(target="hparams", mutation=("set", 0, 0, "hidden_size"))
 def test_mutated_export_directories(tmp_path_factory, export_dir, target, mutation):
     root = tmp_path_factory.mktemp("export_case") / "st"
     shutil.copytree(export_dir, root)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from fuzz_support import (apply_json_edit, dumps, field_edit, fuzz_settings, json_edit, json_values,
                           result_or_user_error, tree_digest)
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from hotloop.cli import build_parser
@@ -86,13 +86,14 @@ _VALID_STRATEGY = Strategy(backend="graph", graph_passes=True, disabled_passes=(
        raw=st.one_of(st.none(), st.binary(max_size=24)))
 def test_strategy_files(tmp_path_factory, edit, raw):
     root = tmp_path_factory.mktemp("strategy")
-    path = root / "strategy.json"
+    path, data = root / "strategy.json", None
     if raw is not None:
         path.write_bytes(raw)
     else:
         kind, what = edit
-        path.write_text(dumps(apply_json_edit(_VALID_STRATEGY, what) if kind == "edit" else what))
-    before, text = tree_digest(root), path.read_bytes().decode("utf-8", "replace")
+        data = apply_json_edit(_VALID_STRATEGY, what) if kind == "edit" else what
+        path.write_text(dumps(data))
+    before, text = tree_digest(root), (path.read_bytes().decode("utf-8", "replace"), data)
     out = result_or_user_error(lambda: Strategy.from_file(path), text)
     if isinstance(out, Strategy):
         assert Strategy.from_mapping(out.to_dict()) == out
@@ -131,9 +132,12 @@ def _train_front_half(path) -> tuple:
        | json_values().map(lambda v: ("whole", v)),
        suffix=st.sampled_from([".json", ".yaml"]), raw=st.one_of(st.none(), st.binary(max_size=24),
                                                                  st.text(max_size=40)))
+@example(edit=("edit", ("set", 0, 0, "keep_last")), suffix=".json", raw=None)               # found by fuzzing
+@example(edit=("edit", ("set", 0, "\u00e9\n\x00", "strategy")), suffix=".json", raw=None)
 def test_config_files(tmp_path_factory, edit, suffix, raw):
     root = tmp_path_factory.mktemp("config")
     path = root / f"run{suffix}"
+    data = None
     if isinstance(raw, bytes):
         path.write_bytes(raw)
     elif isinstance(raw, str):
@@ -143,9 +147,9 @@ def test_config_files(tmp_path_factory, edit, suffix, raw):
         data = apply_json_edit(_VALID_CONFIG, what) if kind == "edit" else what
         path.write_text(yaml.safe_dump(data) if suffix == ".yaml" else dumps(data))
     before, text = tree_digest(root), path.read_bytes().decode("utf-8", "replace")
-    config = result_or_user_error(lambda: load_config(path), text)
+    config = result_or_user_error(lambda: load_config(path), text, data)
     if isinstance(config, dict):
-        result_or_user_error(lambda: _train_front_half(path), text)
+        result_or_user_error(lambda: _train_front_half(path), text, data)
     assert tree_digest(root) == before
 
 

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-optuna = pytest.importorskip("optuna")
 from optuna.trial import TrialState  # noqa: E402
 
 from hotloop.search.reporter import TrialReporter  # noqa: E402
