@@ -5,8 +5,8 @@ records the ids of the rows it trains on, per step, so a test can check which gl
 each run saw. ``worker`` runs one job of ``world`` ranks: the 4-rank job writes a step-5
 checkpoint; the 2-rank job trains 9 steps straight (checkpoints at 3, 6, 9), the same with
 asynchronous saves, 5 steps then a resume to 9, a resume from the 4-rank checkpoint, Reduce
-mode, FSDP (5 steps; and a resume of the DDP step-5 checkpoint under FSDP to 9), and a
-registered problem/model for ``eval`` / ``export``.
+mode, FSDP (5 steps; and a resume of the DDP step-5 checkpoint under FSDP to 9), a
+registered problem/model for ``eval`` / ``export``, and 2 steps of a streamed LSTM LM.
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hotloop.data import from_arrays
+from hotloop.data import from_arrays, stream_windows
 from hotloop.engine.strategy import Strategy
 from hotloop.models.conv import ConvNet, ConvNetHParams
+from hotloop.models.lstm_lm import LSTMLM, LSTMLMHParams
 from hotloop.problems.base import Problem, ProblemSpec
 from hotloop.train.trainer import Trainer
 
@@ -78,6 +79,34 @@ def run(out: Path, max_steps: int, *, dist: Any = None, resume: Any = False, mod
     return trainer
 
 
+LSTM_HP = LSTMLMHParams(hidden_size=8, num_layers=2, batch_size=4, max_length=5, optimizer="sgd",
+                        learning_rate=1.0, max_grad_norm=0.5, init_scale=0.1)
+
+
+class TokenStream(Problem):
+    """A streamed LM over fixed random tokens: each rank carries the LSTM state of its streams."""
+
+    def spec(self, hp: Any) -> ProblemSpec:
+        return ProblemSpec(task="lm", input_vocab_size=20, target_vocab_size=20, max_input_length=5,
+                           max_target_length=5, streamed=True, pad_id=-1)
+
+    def reader(self, split: str, hp: Any, *, seed: int = 0, shuffle: bool | None = None) -> Any:
+        tokens = np.random.default_rng(3).integers(0, 20, size=4 * 80).astype(np.int32)
+        return stream_windows(tokens, hp.batch_size, hp.max_length)
+
+
+def lstm_run(out: Path, max_steps: int, *, dist: Any = None, resume: Any = False) -> Trainer:
+    """The streamed LM to ``max_steps`` (a checkpoint every 2 steps)."""
+    torch.manual_seed(0)
+    problem = TokenStream()
+    strategy = Strategy(prefetch=0, data_parallel="allreduce" if dist is not None else "none", bucket_mb=0.002)
+    trainer = Trainer(problem, LSTMLM(LSTM_HP, problem.spec(LSTM_HP)), LSTM_HP, strategy=strategy,
+                      output_dir=out, max_steps=max_steps, eval_every=0, eval_splits=(), checkpoint_every=2,
+                      loggers=[], dist=dist)
+    trainer.fit(resume=resume)
+    return trainer
+
+
 def registered_run(out: Path, dist: Any) -> None:
     """2 steps of the registered image_synthetic / conv_net, for ``hotloop eval`` and ``export``."""
     from hotloop.problems.synthetic_images import SyntheticImages
@@ -111,6 +140,7 @@ def worker(rank: int, world: int, store_file: str, out_dir: str) -> None:
         run(out / "fsdp", 5, dist=ctx("fsdp"), mode="fsdp")
         run(out / "fsdp-from2", 9, dist=ctx("fsdp"), mode="fsdp", resume=out / "stopped" / DIR.format(5))
         registered_run(out / "registered", ctx())
+        lstm_run(out / "lstm2", 2, dist=ctx())
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     sys.stdout.flush()

@@ -36,6 +36,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dcp_runs.run(out / "single-from4", 9, resume=out / "w4" / DIR.format(5))
     dcp_runs.run(out / "single-from-reduce", 9, resume=out / "reduce" / DIR.format(5))
     dcp_runs.run(out / "single-from-fsdp", 9, resume=out / "fsdp" / DIR.format(5))
+    dcp_runs.lstm_run(out / "lstm-single", 4)
+    dcp_runs.lstm_run(out / "lstm-from2", 4, resume=out / "lstm2" / DIR.format(2))
     return out
 
 
@@ -53,9 +55,9 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
     return flat
 
 
-def final_state(run_dir: Path) -> dict:
+def final_state(run_dir: Path, step: int = 9) -> dict:
     path = CheckpointManager(run_dir / "checkpoints").latest()
-    assert path is not None and path.name == "step-00000009" + path.suffix, path
+    assert path is not None and path.name == f"step-{step:08d}" + path.suffix, path
     return load_checkpoint(path)
 
 
@@ -191,3 +193,16 @@ def test_eval_and_export_read_a_sharded_checkpoint(runs: Path, tmp_path: Path,
     exported = load_file(str(next(out.glob("*.safetensors"))))
     for key, value in load_checkpoint(path)["model"].items():
         assert torch.equal(exported[key], value), key
+
+
+@pytest.mark.timeout(300)
+def test_streamed_lm_resumes_in_one_process_with_every_ranks_carried_state(runs: Path) -> None:
+    """2 ranks x 2 streams for 2 steps, then 1 process with all 4 streams: the same as 1 process
+    throughout (the carried LSTM state of both ranks was saved and joined)."""
+    saved = load_checkpoint(runs / "lstm2" / DIR.format(2))
+    assert saved["train_state"]["carried"][0].shape[1] == 2         # rank 0's 2 of the 4 streams
+    got, ref = final_state(runs / "lstm-from2", 4), final_state(runs / "lstm-single", 4)
+    for key, value in ref["model"].items():
+        torch.testing.assert_close(got["model"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+    for a, b in zip(got["train_state"]["carried"], ref["train_state"]["carried"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
