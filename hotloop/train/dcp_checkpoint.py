@@ -78,12 +78,9 @@ def verify_sharded(path: str | Path) -> None:
 
 def _dcp_group() -> Any:
     """One gloo group for DCP's own collectives (created once, by every rank, at the first save)."""
-    default = dist.group.WORLD
-    key = str(id(default))
-    if key not in _GROUP:
-        _GROUP.clear()
-        _GROUP[key] = dist.new_group(backend="gloo")
-    return _GROUP[key]
+    if _GROUP.get("world") is not dist.group.WORLD:   # a new job in this process: a new group
+        _GROUP.update(world=dist.group.WORLD, group=dist.new_group(backend="gloo"))
+    return _GROUP["group"]
 
 
 def has_dtensors(model: nn.Module) -> bool:
