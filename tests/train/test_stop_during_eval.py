@@ -43,8 +43,11 @@ def test_a_signal_during_evaluation_stops_it_at_the_next_batch(tmp_path, signum,
     out, mark = tmp_path / "run", tmp_path / "evaluating"
     proc = _train(out, mark)
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=_read_lines, args=(proc.stderr, lines), daemon=True)
-    reader.start()
+    out_lines: list[tuple[float, str]] = []
+    readers = [threading.Thread(target=_read_lines, args=(stream, into), daemon=True)
+               for stream, into in ((proc.stderr, lines), (proc.stdout, out_lines))]
+    for reader in readers:
+        reader.start()
     deadline = time.monotonic() + 120
     while not mark.exists():
         assert proc.poll() is None, "".join(line for _, line in lines)[-3000:]
@@ -53,10 +56,11 @@ def test_a_signal_during_evaluation_stops_it_at_the_next_batch(tmp_path, signum,
     time.sleep(0.2)                      # well inside the evaluation
     sent = time.monotonic()
     proc.send_signal(signum)
-    stdout = proc.communicate(timeout=120)[0]
+    proc.wait(timeout=120)
     exited = time.monotonic() - sent
-    reader.join(10)
-    stderr = "".join(line for _, line in lines)
+    for reader in readers:
+        reader.join(10)
+    stderr, stdout = ("".join(line for _, line in into) for into in (lines, out_lines))
     assert proc.returncode == code, stderr[-3000:]
     assert "Traceback" not in stderr and "interrupted at step 2" in stderr, stderr[-3000:]
     # the checkpoint is written and the run reports its stop within seconds (then the interpreter exits)
