@@ -63,7 +63,8 @@ def run_one(problem: PTBNextSentence, args: argparse.Namespace, pretrained: bool
     """One run (pretrained or scratch); its curve (step 0 included) and final test metrics."""
     lr = args.lr_pretrained if pretrained else args.lr_scratch
     hp = bert_minilm_l6().replace(batch_size=args.batch_size, max_length=args.max_length, max_steps=args.steps,
-                                  warmup_steps=max(1, args.steps // 10), learning_rate=lr)
+                                  warmup_steps=max(1, args.steps // 10), learning_rate=lr,
+                                  classifier_pooling=args.pooling)
     torch.manual_seed(hp.seed)
     model = BERT(hp, problem.spec(hp))
     curve = _Curve("pretrained" if pretrained else "scratch")
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--test-batches", type=int, default=64, help="test batches at the end (0: all 2,048 pairs)")
     parser.add_argument("--lr-pretrained", type=float, default=1e-4)
     parser.add_argument("--lr-scratch", type=float, default=5e-4)
+    parser.add_argument("--pooling", choices=("cls", "mean"), default="cls",
+                        help="the classifier's input (bert classifier_pooling)")
     parser.add_argument("--threads", type=int, default=2, help="threads per run")
     parser.add_argument("--parallel", action="store_true", help="both runs at once, one process each")
     parser.add_argument("--json", default=None, help="write the report here (e.g. docs/data/finetune_minilm.json)")
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                    *(sys.argv[1:] if argv is None else argv)]),
         "task": "ptb_next_sentence (label 1: B is the PTB sentence after A; 0: a random sentence of the split)",
         "model": "bert, bert_minilm_l6 hparams (6 layers, 384 hidden, 12 heads, 1536 feed-forward, vocab 30522)",
-        "steps": args.steps, "batch_size": args.batch_size, "max_length": args.max_length,
+        "steps": args.steps, "batch_size": args.batch_size, "classifier_pooling": args.pooling, "max_length": args.max_length,
         "eval_every": args.eval_every, "eval_examples": args.eval_examples,
         "machine": {"cpu": detect_hardware(torch.device("cpu")).describe(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__, "python": platform.python_version()},

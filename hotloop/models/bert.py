@@ -7,7 +7,8 @@ tanh approximation) -> a masked-LM head (dense + GELU + LayerNorm, then the word
 embedding matrix transposed, plus a bias) evaluated only at the ``mlm_positions``
 of the batch, and a next-sentence head on the tanh-pooled ``[CLS]`` state. A
 ``classify`` model has instead one linear ``classifier`` (after dropout) on the
-pooled ``[CLS]`` state, as Hugging Face's ``BertForSequenceClassification``; the
+pooled ``[CLS]`` state, as Hugging Face's ``BertForSequenceClassification``
+(``classifier_pooling="mean"``: on the mean of the non-pad token states, as sentence-transformers pool); the
 encoder is Hugging Face's ``BertModel`` exactly, so its checkpoints load
 (:mod:`hotloop.models.bert_hf`). ``bert_base`` is BERT-base (12 layers,
 768 wide, 12 heads, 110M parameters with the 30,522-piece vocabulary);
@@ -51,6 +52,7 @@ class BertHParams(BertPretrainHParams):
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     hidden_act: str = "gelu"        # feed-forward and MLM-transform activation: gelu (erf) | gelu_tanh
+    classifier_pooling: str = "cls"  # classify head input: cls (tanh pooler on [CLS]) | mean (of the token states)
 
 
 #: ``hidden_act`` -> the ``approximate`` argument of ``F.gelu``
@@ -119,6 +121,8 @@ class BERT(SequenceModel):
             for _ in range(hp.num_layers))
         self.pooler = nn.Linear(h, h)
         if spec.task == "classify":
+            if hp.classifier_pooling not in ("cls", "mean"):
+                raise HParamsError(f"bert: classifier_pooling={hp.classifier_pooling!r}; use cls or mean")
             self.classifier = nn.Linear(h, spec.target_vocab_size)
             self.head_prefixes = ("classifier",)
         else:
@@ -184,7 +188,13 @@ class BERT(SequenceModel):
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         if self.spec.task == "classify":
-            pooled = self.dropout(self.pooled(self.encode(batch)))                  # [B, H]
+            x = self.encode(batch)                                                  # [B, T, H]
+            if self.hp.classifier_pooling == "mean":   # the mean of the non-pad token states
+                keep = (batch["inputs"] != self.spec.pad_id).unsqueeze(-1).to(x.dtype)  # [B, T, 1]
+                pooled = (x * keep).sum(1) / keep.sum(1).clamp(min=1)               # [B, H]
+            else:
+                pooled = self.pooled(x)                                             # [B, H]
+            pooled = self.dropout(pooled)
             return self.classifier(pooled).unsqueeze(1), None                       # [B, 1, C]
         return self.heads(batch)[0], None
 

@@ -146,3 +146,18 @@ def test_cli_takes_the_config_sizes_when_asked_and_the_override_wins(tmp_path, c
     hp = json.loads((tmp_path / "taken" / "hparams.json").read_text())
     assert (hp["hidden_size"], hp["num_layers"], hp["attention_dropout"], hp["dropout"]) == (16, 1, 0.1, 0.0)
     assert "missing from the source (fresh init): classifier.weight, classifier.bias" in out
+
+
+def test_mean_pooling_classifies_the_mean_of_the_real_token_states():
+    hp = BertHParams(hidden_size=16, num_layers=1, num_heads=2, filter_size=32, max_positions=16, dropout=0.0,
+                     attention_dropout=0.0, classifier_pooling="mean")
+    torch.manual_seed(0)
+    model = BERT(hp, ProblemSpec("classify", VOCAB, 3, 16, 1, pad_id=0)).eval()
+    batch = _batch(torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        states = model.encode(batch)                                           # [B, T, H]
+        keep = batch["inputs"] != 0
+        means = torch.stack([states[i][keep[i]].mean(0) for i in range(3)])    # [B, H]
+        torch.testing.assert_close(model(batch)[0][:, 0], model.classifier(means))
+    with pytest.raises(Exception, match="classifier_pooling='max'"):
+        BERT(hp.replace(classifier_pooling="max"), ProblemSpec("classify", VOCAB, 3, 16, 1, pad_id=0))
