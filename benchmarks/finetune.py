@@ -11,7 +11,7 @@ shape (``bert_minilm_l6``: 6 layers, 384 wide, the 30,522-piece vocabulary) for 
 ``--eval-every`` steps both are scored on the same ``--eval-examples`` valid pairs; at the end
 on ``--test-batches`` batches of test pairs.
 
-    PYTHONPATH=. python benchmarks/finetune.py [--steps 150] [--parallel --threads 1] [--json FILE]
+    PYTHONPATH=. python benchmarks/finetune.py [--steps 150] [--pooling mean|cls] [--parallel --threads 1] [--json FILE]
     PYTHONPATH=. python benchmarks/finetune.py --smoke      # checks the script; the numbers mean nothing
 
 Reported: both accuracy curves (step 0: before training); ``target``, the best valid accuracy
@@ -56,7 +56,8 @@ class _Curve(Callback):
         if event is Event.EVAL_END and info.get("split") == "valid":
             m = info["metrics"]
             self.points.append({"step": trainer.step, "accuracy": m["accuracy"], "loss": m["loss"]})
-            print(f"  {self.name} step {trainer.step:4d}: valid accuracy {m['accuracy']:.4f} loss {m['loss']:.4f}", flush=True)
+            print(f"  {self.name} step {trainer.step:4d}: valid accuracy {m['accuracy']:.4f} "
+                  f"loss {m['loss']:.4f}", flush=True)
 
 
 def run_one(problem: PTBNextSentence, args: argparse.Namespace, pretrained: bool) -> dict[str, Any]:
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--test-batches", type=int, default=64, help="test batches at the end (0: all 2,048 pairs)")
     parser.add_argument("--lr-pretrained", type=float, default=1e-4)
     parser.add_argument("--lr-scratch", type=float, default=5e-4)
-    parser.add_argument("--pooling", choices=("cls", "mean"), default="cls",
+    parser.add_argument("--pooling", choices=("cls", "mean"), default="mean",
                         help="the classifier's input (bert classifier_pooling)")
     parser.add_argument("--threads", type=int, default=2, help="threads per run")
     parser.add_argument("--parallel", action="store_true", help="both runs at once, one process each")
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                    *(sys.argv[1:] if argv is None else argv)]),
         "task": "ptb_next_sentence (label 1: B is the PTB sentence after A; 0: a random sentence of the split)",
         "model": "bert, bert_minilm_l6 hparams (6 layers, 384 hidden, 12 heads, 1536 feed-forward, vocab 30522)",
-        "steps": args.steps, "batch_size": args.batch_size, "classifier_pooling": args.pooling, "max_length": args.max_length,
+        "steps": args.steps, "batch_size": args.batch_size, "classifier_pooling": args.pooling,
+        "max_length": args.max_length,
         "eval_every": args.eval_every, "eval_examples": args.eval_examples,
         "machine": {"cpu": detect_hardware(torch.device("cpu")).describe(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__, "python": platform.python_version()},

@@ -8,9 +8,9 @@ embedding matrix transposed, plus a bias) evaluated only at the ``mlm_positions`
 of the batch, and a next-sentence head on the tanh-pooled ``[CLS]`` state. A
 ``classify`` model has instead one linear ``classifier`` (after dropout) on the
 pooled ``[CLS]`` state, as Hugging Face's ``BertForSequenceClassification``
-(``classifier_pooling="mean"``: on the mean of the non-pad token states, as sentence-transformers pool); the
-encoder is Hugging Face's ``BertModel`` exactly, so its checkpoints load
-(:mod:`hotloop.models.bert_hf`). ``bert_base`` is BERT-base (12 layers,
+(``classifier_pooling="mean"``: on the mean of the non-pad token states, as
+sentence-transformers pool); the encoder is Hugging Face's ``BertModel`` exactly, so its
+checkpoints load (:mod:`hotloop.models.bert_hf`). ``bert_base`` is BERT-base (12 layers,
 768 wide, 12 heads, 110M parameters with the 30,522-piece vocabulary);
 ``bert_small`` has BERT-mini's shape (4 layers, 256 wide) and ``bert_tiny``
 (2 layers, 128 wide) trains in minutes on a small CPU.
@@ -250,10 +250,11 @@ def bert_tiny() -> BertHParams:
 @hparams_sets.register("bert_minilm_l6")
 def bert_minilm_l6() -> BertHParams:
     """all-MiniLM-L6-v2's shape (6 layers, 384 hidden, 12 heads, 1536 feed-forward) to fine-tune it
-    (``--init-from``): AdamW 1e-4, weight decay 0.01 (none on biases and norms), 30 warmup steps,
-    cosine decay over 300 steps, batch 32, T=64."""
+    (``--init-from``): the classifier on the mean of the token states (as the checkpoint was
+    trained), AdamW 1e-4, weight decay 0.01 (none on biases and norms), 30 warmup steps, cosine
+    decay over 300 steps, batch 32, T=64."""
     return BertHParams(hidden_size=384, num_layers=6, num_heads=12, filter_size=1536, dropout=0.1,
                        attention_dropout=0.1, max_length=64, batch_size=32, optimizer="adamw",
                        learning_rate=1e-4, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-6,
                        weight_decay=0.01, warmup_steps=30, lr_schedule="cosine", max_steps=300,
-                       max_grad_norm=1.0)
+                       max_grad_norm=1.0, classifier_pooling="mean")
