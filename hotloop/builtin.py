@@ -82,7 +82,7 @@ BUILTINS: dict[Registry, dict[str, str]] = {
         "linear": "hotloop.schedules:Linear",
         "cosine": "hotloop.schedules:Cosine",
         "rsqrt_decay": "hotloop.schedules:RsqrtDecay",
-        "inverse_sqrt": "hotloop.schedules:RsqrtDecay",
+        "inverse_sqrt": "hotloop.schedules:InverseSqrt",
         "epoch_decay": "hotloop.schedules:EpochDecay",
         "plateau": "hotloop.schedules:Plateau",
     },

@@ -116,13 +116,17 @@ class Cosine(_WarmupDecay):
 
 
 @lr_schedules.register("rsqrt_decay")
-@lr_schedules.register("inverse_sqrt")
 class RsqrtDecay(LRSchedule):
     """Linear warmup then 1/sqrt(step) decay (the Transformer schedule), never below the floor."""
 
     def multiplier(self, step: int, epoch: int) -> float:
         warm = max(self.hp.warmup_steps, 1)
         return max(self.floor, min((step + 1) / warm, math.sqrt(warm / (step + 1))))
+
+
+@lr_schedules.register("inverse_sqrt")
+class InverseSqrt(RsqrtDecay):
+    """``rsqrt_decay`` under the name other libraries use (the same values)."""
 
 
 @lr_schedules.register("epoch_decay")
