@@ -62,7 +62,7 @@ def test_decay_over_epochs_and_without_a_known_end():
 
 @pytest.mark.parametrize("name", ["rsqrt_decay", "inverse_sqrt"])
 def test_inverse_sqrt_after_warmup_and_its_floor(name):
-    assert lr_schedules.get(name) is lr_schedules.get("rsqrt_decay")
+    assert issubclass(lr_schedules.get(name), lr_schedules.get("rsqrt_decay"))   # the same values
     assert _mult(name, 1, warmup_steps=4) == 0.5
     assert _mult(name, 3, warmup_steps=4) == 1.0             # warmup end
     assert _mult(name, 15, warmup_steps=4) == 0.5            # sqrt(4 / 16)
