@@ -24,7 +24,8 @@ from torch import nn
 
 from .checkpoint import decode_plain, encode_plain
 
-__all__ = ["Stateful", "StateMismatch", "ModelState", "OptimizerState", "GlobalRNG", "seed_everything"]
+__all__ = ["Stateful", "StateMismatch", "ModelState", "OptimizerState", "GlobalRNG", "seed_everything",
+           "regroup_single_group"]
 
 _GROUP_EXECUTION_KEYS = ("foreach", "fused", "capturable", "differentiable")
 
@@ -76,18 +77,56 @@ class ModelState:
             raise StateMismatch(f"does not fit this model: {detail}") from None
 
 
-class OptimizerState:
-    """The full optimizer state (``dist`` gathers a sharded one: every rank must call)."""
+def regroup_single_group(state: dict[str, Any], groups: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
+    """A one-group optimizer state (parameters numbered in ``order``, the model's trainable
+    parameters) renumbered for ``groups``, which name their parameters (``param_names``).
 
-    def __init__(self, optimizer: Any, dist: Any) -> None:
-        self.optimizer, self.dist = optimizer, dist
+    Checkpoints written before the optimizer had parameter groups (no weight decay on biases and
+    norms, layer-wise LR scales) resume this way: each parameter keeps its own moments; each group
+    keeps the saved hyperparameters except its own ``weight_decay`` and ``lr_scale``.
+    """
+    saved = state["param_groups"][0]
+    index = {name: i for i, name in enumerate(order)}
+    new_groups, new_state, j = [], {}, 0
+    for group in groups:
+        ids = []
+        for name in group["param_names"]:
+            old = index[name]
+            if old in state["state"]:
+                new_state[j] = state["state"][old]
+            ids.append(j)
+            j += 1
+        own = {k: group[k] for k in ("weight_decay", "lr_scale", "param_names") if k in group}
+        new_groups.append({**{k: v for k, v in saved.items() if k != "params"}, **own, "params": ids})
+    return {"state": new_state, "param_groups": new_groups}
+
+
+class OptimizerState:
+    """The full optimizer state (``dist`` gathers a sharded one: every rank must call).
+
+    ``model``: lets a one-group state saved before parameter groups existed load into grouped ones.
+    """
+
+    def __init__(self, optimizer: Any, dist: Any, model: nn.Module | None = None) -> None:
+        self.optimizer, self.dist, self.model = optimizer, dist, model
 
     def state_dict(self) -> dict[str, Any]:
         return self.dist.consolidate_optimizer_state(self.optimizer)
 
+    def _single_group_fits(self, state: dict[str, Any]) -> bool:
+        groups = self.optimizer.param_groups
+        saved = state.get("param_groups") if isinstance(state, dict) else None
+        return (self.model is not None and isinstance(saved, list) and len(saved) == 1 and len(groups) > 1
+                and all("param_names" in g for g in groups)
+                and len(saved[0].get("params", ())) == sum(len(g["params"]) for g in groups))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         groups = self.optimizer.param_groups
         execution = [{k: g[k] for k in _GROUP_EXECUTION_KEYS if k in g} for g in groups]
+        if self._single_group_fits(state):
+            order = [n for n, p in self.model.named_parameters() if p.requires_grad]
+            if set(order) == {n for g in groups for n in g["param_names"]}:
+                state = regroup_single_group(state, groups, order)
         load = getattr(self.dist, "load_optimizer_state", None)
         try:
             if load is not None:

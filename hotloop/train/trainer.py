@@ -178,7 +178,7 @@ class Trainer(TrainerEvaluation):
 
     def components(self) -> dict[str, Stateful]:
         """What a checkpoint holds, by name: each saves and restores its own state (in this order)."""
-        return {"model": ModelState(self.model), "optimizer": OptimizerState(self.optimizer, self.dist),
+        return {"model": ModelState(self.model), "optimizer": OptimizerState(self.optimizer, self.dist, self.model),
                 "schedule": self.schedule, "callbacks": self.callbacks, "precision": self.precision,
                 "reader": self.feeder, "train_state": self.train_state, "rng": GlobalRNG(self.device)}
 

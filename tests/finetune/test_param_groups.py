@@ -104,3 +104,27 @@ def test_freezing_needs_a_declared_head():
     model.head_prefixes = ()
     with pytest.raises(TrainerError, match="declares no head"):
         tiny_trainer(model, hp=hp).fit()
+
+
+def test_a_one_group_adamw_state_resumes_into_the_grouped_optimizer():
+    """A checkpoint from before parameter groups (one AdamW group over every parameter) loads into
+    the decay / no-decay groups: each parameter keeps its own moments and step count."""
+    from hotloop.optim import build_optimizer
+    from hotloop.train.context import LocalContext
+    from hotloop.train.stateful import OptimizerState
+    hp = tiny_bert_hp()
+    model = tiny_bert(hp)
+    old = torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=0.01)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    old.step()
+    saved = old.state_dict()
+    grouped = build_optimizer(param_groups(model, hp), hp, fused=False)
+    assert len(grouped.param_groups) > 1
+    OptimizerState(grouped, LocalContext(), model).load_state_dict(saved)
+    for p in model.parameters():
+        assert torch.equal(grouped.state[p]["exp_avg"], old.state[p]["exp_avg"])
+        assert torch.equal(grouped.state[p]["exp_avg_sq"], old.state[p]["exp_avg_sq"])
+    by_name = _by_name(grouped.param_groups)
+    assert by_name["layers.0.qkv.bias"]["weight_decay"] == 0.0                 # the group keeps its own decay
+    assert by_name["layers.0.qkv.weight"]["weight_decay"] == 0.01
