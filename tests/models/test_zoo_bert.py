@@ -6,13 +6,8 @@ from hotloop.models.bert import BERT, BertHParams, bert_base
 from hotloop.models.resnet import count_parameters
 from hotloop.problems.base import ProblemSpec
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # the shared fixture of tests/conftest.py
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _spec(vocab, length=16, predictions=4):

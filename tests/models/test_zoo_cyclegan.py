@@ -7,13 +7,8 @@ from hotloop.models.cyclegan import (CycleGAN, CycleGANHParams, ImagePool, Patch
 from hotloop.models.resnet import count_parameters
 from hotloop.problems.base import ProblemSpec
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # the shared fixture of tests/conftest.py
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 SPEC = ProblemSpec(task="image2image", input_vocab_size=0, target_vocab_size=3, pad_id=-1)

@@ -7,13 +7,8 @@ from hotloop.models.deeplab import DeepLabHParams, DeepLabV3Plus, deeplabv3plus_
 from hotloop.models.resnet import ResNetBackbone, count_parameters
 from hotloop.problems.base import ProblemSpec
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # the shared fixture of tests/conftest.py
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _spec(classes):

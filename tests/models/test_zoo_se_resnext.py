@@ -6,13 +6,8 @@ from hotloop.models.resnet import Bottleneck, ResNetBackbone, count_parameters
 from hotloop.models.se_resnext import SEResNeXt, SEResNeXtHParams, se_resnext50_imagenet, se_resnext_small
 from hotloop.problems.base import ProblemSpec
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # the shared fixture of tests/conftest.py
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _spec(classes):

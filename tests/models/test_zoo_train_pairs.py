@@ -9,6 +9,8 @@ from hotloop.registry import hparams_sets, models, problems
 from hotloop.compose.build import build_run
 from hotloop.train.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # the shared fixture of tests/conftest.py
+
 RAW_PTB = raw_data_dir("ptb")                 # $HOTLOOP_RAW_ROOT/ptb (tests/conftest.py sets the root)
 
 PAIRS = [
@@ -18,13 +20,6 @@ PAIRS = [
                                   "max_length=32,eval_examples=4"),
 ]
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_zoo_names_are_declared_builtins():

@@ -2,13 +2,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Two cores are shared by many processes: keep every test on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Two cores are shared by many processes: every test here uses the shared ``one_thread`` fixture."""
     yield
-    torch.set_num_threads(threads)

@@ -12,19 +12,11 @@ from helpers import raw_data_dir, require_raw_data
 from hotloop import cli
 from hotloop.compose.run_data import RunData, record_data_paths, recorded_data, using_roots
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timeout(240)]
 
 LM = ["--problem", "ptb_lm", "--model", "lstm_lm", "--hparams", "lstm_lm_small",
       "--override", "hidden_size=8,num_layers=1,batch_size=128,max_length=35"]     # 17 valid batches
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_explicit_paths_win_and_recorded_roots_count_only_while_they_exist(tmp_path, monkeypatch):
