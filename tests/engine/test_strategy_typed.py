@@ -49,4 +49,6 @@ def test_one_train_run_validates_its_strategy_once(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(Strategy, "_check", lambda self, device: checks.append(self) or original(self, device))
     code = cli.main(["train", "--max-steps", "2", "--loggers", "none", "--output-dir", "run", *extra])
     assert code == 0, capsys.readouterr().err
-    assert len(checks) == 1, checks
+    # each Strategy is checked once: the planned one, and (auto) eager's baseline where the tuner
+    # times it and skips tuning because one step exceeds the budget of a 2-step run
+    assert len({repr(s) for s in checks}) == len(checks) and 1 <= len(checks) <= (2 if not extra else 1), checks

@@ -57,8 +57,8 @@ def test_tuner_held_at_fp32_times_and_chooses_fp32_only(tiny_model, copy_problem
     """End to end on fake fast-bf16 hardware: every candidate the tuner lines up (and the caller's
     extra proposal) is fp32 with fp32 GEMM operands, and so is the choice."""
     extra = [Proposal("mine bf16", {"precision": "bf16"}, "caller's"), Proposal("mine", {"inplace": True}, "caller's")]
-    options = dict(max_seconds=0.0, cache=False, log=lambda line: None, num_batches=2, hardware=FAST_CPU,
-                   extra_proposals=extra)
+    options = dict(max_seconds=1.0, cache=False, log=lambda line: None, num_batches=2, hardware=FAST_CPU,
+                   extra_proposals=extra)       # a budget that lines candidates up (a 0 s one skips tuning)
     free = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, **options)
     assert any(t.strategy.precision == "bf16" for t in free.trials)     # the hardware invites bf16
     held = tune(tiny_model, copy_problem, tiny_hp, "cpu", None, allow_reduced_precision=False, **options)
