@@ -1,7 +1,8 @@
 """Does wrapping a user's DataLoader cost speed? A plain PyTorch loop vs hotloop's Trainer, same loader.
 
 Both contenders train the same small conv net (copied from one initialisation) with Adam on
-the same ``DataLoader`` (uint8 pictures ``[3, 32, 32]``, shuffled, ``--workers`` processes) for
+the same ``DataLoader`` (uint8 pictures ``[3, 32, 32]``, shuffled, ``--workers`` processes; a fresh
+loader each round, so each contender's time includes starting its workers, as a run's does) for
 ``--steps`` steps per round; rounds alternate which contender goes first. The plain loop is
 what a PyTorch user writes (``for x, y in loader``: cast, forward, loss, backward, step). The
 hotloop contender is ``Trainer(loader, model, hp, loss_fn=...)`` with ``Strategy()`` (fp32 eager,
@@ -104,16 +105,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.steps, args.batch_size, args.width, args.workers = 1, 3, 8, 4, 0
-    loader = make_loader(args.batch_size * max(args.steps, 8), args.batch_size, args.workers)
+    def loader() -> DataLoader:     # a fresh loader each round: both contenders start its workers
+        return make_loader(args.batch_size * max(args.steps, 8), args.batch_size, args.workers)
+
     initial = make_model(args.width)
     rates: dict[str, list[float]] = {"plain": [], "hotloop": []}
     contenders = {"plain": plain_round, "hotloop": hotloop_round}
     for name, run in contenders.items():                       # warm-up, not recorded
-        run(copy.deepcopy(initial), loader, min(args.steps, 5))
+        run(copy.deepcopy(initial), loader(), min(args.steps, 5))
     for index in range(args.rounds):
         order = list(contenders) if index % 2 == 0 else list(reversed(contenders))
         for name in order:
-            rates[name].append(contenders[name](copy.deepcopy(initial), loader, args.steps))
+            rates[name].append(contenders[name](copy.deepcopy(initial), loader(), args.steps))
     medians = {name: statistics.median(values) for name, values in rates.items()}
     result = {"command": "python benchmarks/byo_data.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": {"platform": platform.platform(), "torch": torch.__version__,
