@@ -33,15 +33,16 @@ def flag_text(argv: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def flag_value(argv: Sequence[str], flag: str, default: int) -> int:
-    """The integer after ``flag`` (``--flag N`` or ``--flag=N``) in ``argv``, else ``default``."""
+def flag_value(argv: Sequence[str], flag: str, default: Any, convert: Callable[[str], Any] = int,
+               expects: str = "an integer") -> Any:
+    """``convert`` of the text after ``flag`` (``--flag N`` or ``--flag=N``) in ``argv``, else ``default``."""
     raw = flag_text(argv, flag)
     if raw is None:
         return default
     try:
-        return int(raw)
+        return convert(raw)
     except ValueError:
-        raise LaunchError(f"{flag} expects an integer, got {raw!r}") from None
+        raise LaunchError(f"{flag} expects {expects}, got {raw!r}") from None
 
 
 def job_nodes(argv: Sequence[str]) -> NodeSpec | None:
@@ -51,13 +52,7 @@ def job_nodes(argv: Sequence[str]) -> NodeSpec | None:
 
 def dist_timeout(argv: Sequence[str]) -> float | None:
     """``--dist-timeout SECONDS`` from ``argv`` (None when absent)."""
-    raw = flag_text(argv, "--dist-timeout")
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise LaunchError(f"--dist-timeout expects seconds, got {raw!r}") from None
+    return flag_value(argv, "--dist-timeout", None, float, "seconds")
 
 
 def maybe_launch(argv: Sequence[str], stderr: Any = None) -> int | None:
