@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from ..errors import UserError
 from ..hparams import parse_overrides
 
-__all__ = ["ConfigError", "CONFIG_KEYS", "ALIASES", "IGNORED_KEYS", "LEAST_VALUES", "load_config", "hparams_changes",
+__all__ = ["ConfigError", "read_user_text", "CONFIG_KEYS", "ALIASES", "IGNORED_KEYS", "LEAST_VALUES", "load_config", "hparams_changes",
            "check_counts"]
 
 
@@ -61,12 +61,17 @@ def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join(names.get(t, t.__name__) for t in types)
 
 
-def _parse(path: Path) -> Any:
+def read_user_text(path: Path, what: str, error: type[UserError]) -> str:
+    """``path``'s UTF-8 text, or ``error("<what> <path>: cannot read it (<reason>)")``."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise ConfigError(f"config file {path}: cannot read it ({reason})") from None
+        raise error(f"{what} {path}: cannot read it ({reason})") from None
+
+
+def _parse(path: Path) -> Any:
+    text = read_user_text(path, "config file", ConfigError)
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml

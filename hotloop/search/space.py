@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..compose.config import read_user_text
 from ..errors import UserError
 from ..hparams import HParams, HParamsError, apply_overrides, typed_value
 
@@ -121,11 +122,7 @@ def _yaml_loader() -> Any:
 
 
 def _read(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise SpaceError(f"search space {path}: cannot read it ({reason})") from None
+    text = read_user_text(path, "search space", SpaceError)
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text)
