@@ -22,6 +22,7 @@ from ..param_groups import param_groups
 from ..problems.base import Batch
 from .activation_ckpt import set_activation_checkpointing
 from .backends import Backend, EagerBackend
+from .dropout_masks import use_dropout_masks
 from .precision import Precision
 from .precision_notices import precision_notices
 from .program import PhaseOptimizers, model_phases
@@ -160,7 +161,8 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     device = params[0].device if params else torch.device("cpu")
     strategy.validate(device)
     validate_for_model(strategy, model)
-    report = _use_formulation(model, strategy) + _checkpoint_blocks(model, strategy)
+    report = (_use_formulation(model, strategy) + use_dropout_masks(model, strategy.dropout_masks)
+              + _checkpoint_blocks(model, strategy))
     notices = precision_notices(strategy.precision, device, model)
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # before the optimizer: parameters keep identity

@@ -33,12 +33,13 @@ import torch
 from torch import nn
 
 from ..hparams import HParams
-from ..models.formulation import Formulation
+from ..models.formulation import RANDOM_STREAM_FIELDS, Formulation
 from ..problems.base import Batch
 from .strategy import Strategy
 
 __all__ = ["ParityCase", "ParityResult", "UpdateComparison", "UpdateTolerance", "check_parity",
-           "compare_updates", "default_tolerance", "update_tolerance", "run_steps", "REFERENCE"]
+           "compare_updates", "default_tolerance", "update_tolerance", "run_steps", "REFERENCE",
+           "changes_random_stream", "STREAM_SEEDS", "STREAM_FACTOR", "STREAM_FLOOR", "STREAM_MARGIN"]
 
 OptimizerFactory = Callable[[list[nn.Parameter], bool], torch.optim.Optimizer]
 
@@ -102,6 +103,21 @@ class ParityResult:
     report: list[str] = field(default_factory=list)
     update: UpdateComparison | None = None    # the parameter updates (None: not compared)
     update_tol: UpdateTolerance | None = None
+    #: random-stream rule only: the reference's second run (stream B), its loss deviation from
+    #: run A and its update against A's; ``tol`` is then the allowed loss deviation
+    losses_alt: list[float] | None = None
+    stream_noise: float | None = None
+    update_alt: UpdateComparison | None = None
+    loss_rel_diff: float = 0.0                # worst relative loss difference from the reference
+
+    def stream_line(self) -> str:
+        """The random-stream rule's comparison, one line (empty for the other rules)."""
+        if self.stream_noise is None or self.update is None or self.update_alt is None:
+            return ""
+        return (f"random-stream rule: loss rel diff {self.loss_rel_diff:.1e} (allowed {self.tol:.1e}: "
+                f"{STREAM_FACTOR:g} x stream B's {self.stream_noise:.1e} + {STREAM_FLOOR:g}), update cos "
+                f"{self.update.cosine:.2f} size {self.update.scale:.2f} against stream B's cos "
+                f"{self.update_alt.cosine:.2f} size {self.update_alt.scale:.2f} (margin {STREAM_MARGIN:g})")
 
     def reason(self) -> str:
         """One line: what failed (or that it passed)."""
@@ -109,6 +125,9 @@ class ParityResult:
             return "ok"
         if self.update is not None and self.update_tol is not None and not self.update.within(self.update_tol):
             return self.update.describe(self.update_tol)
+        if self.stream_noise is not None:
+            return (f"loss rel diff {self.loss_rel_diff:.2e} > {self.tol:.2e} (= {STREAM_FACTOR:g} x the "
+                    f"reference's own random-stream deviation {self.stream_noise:.2e} + {STREAM_FLOOR:g})")
         return f"max diff {self.max_abs_diff:.2e} > tol {self.tol:.0e}"
 
 
@@ -117,8 +136,18 @@ class ParityResult:
 FORMULATION_TOL = 1e-5
 
 
+def changes_random_stream(strategy: Strategy, base: Formulation | None = None) -> bool:
+    """Whether ``strategy`` draws other random numbers than the reference computing with ``base``
+    (a :class:`ParityCase`'s formulation; default the plain one): ``RANDOM_STREAM_FIELDS``."""
+    plain, base = Formulation(), base or Formulation()
+    return any(getattr(strategy, f) != getattr(plain, f) and getattr(strategy, f) != getattr(base, f)
+               for f in RANDOM_STREAM_FIELDS)
+
+
 def default_tolerance(strategy: Strategy, device: torch.device | str = "cpu") -> float:
-    """The relative tolerance :func:`check_parity` uses when ``tol`` is None."""
+    """The relative tolerance :func:`check_parity` uses when ``tol`` is None: that of the
+    strategy's rounding (a random-stream field is judged by its own rule, see the module doc)."""
+    strategy = strategy.replace(**{f: getattr(Formulation(), f) for f in RANDOM_STREAM_FIELDS})
     if strategy.precision != "fp32" or strategy.formulation.bf16_gemms:
         return 3e-2
     if strategy.formulation.changed() or strategy.clip_via_lr:   # same math, other fp32 rounding
@@ -192,6 +221,55 @@ def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return float(diff.max()) if diff.numel() else 0.0, float((diff / scale).max()) if diff.numel() else 0.0
 
 
+#: seeds of torch's generator right after each ``build()``: stream A (the reference, and the
+#: strategy when it draws the same numbers), B (the reference again), C (a random-stream strategy)
+STREAM_SEEDS = (0, 1, 2)
+#: random-stream rule: losses within STREAM_FACTOR x the reference's A-to-B deviation + STREAM_FLOOR
+STREAM_FACTOR = 4.0
+STREAM_FLOOR = 1e-4
+#: random-stream rule: update size and cosine against A's within this of B's (fp32; reduced
+#: precision adds its own update slack, :func:`update_tolerance`)
+STREAM_MARGIN = 0.1
+
+
+def _trained(build: Callable[[], Any], strategy: Strategy, steps: int, seed: int
+             ) -> tuple[ParityCase, list[torch.Tensor], list[float], list[torch.Tensor], Any]:
+    """A fresh case trained ``steps`` steps from torch's generator seeded ``seed`` after ``build()``
+    (the caller's random streams are left as they were): (case, initial, losses, final, step)."""
+    case = _as_case(build())
+    device = next(case.model.parameters()).device
+    initial = [p.detach().clone() for p in case.model.parameters()]
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        losses, params, step = run_steps(case, strategy, steps)
+    return case, initial, losses, params, step
+
+
+def _stream_tolerance(strategy: Strategy, alt: UpdateComparison) -> UpdateTolerance:
+    """The update bounds of the random-stream rule: B's deviation from A plus the margin."""
+    margin = STREAM_MARGIN + max(0.0, update_tolerance(strategy).scale - update_tolerance(REFERENCE).scale)
+    return UpdateTolerance(abs(alt.scale - 1.0) + margin, alt.cosine - margin)
+
+
+def _random_stream_parity(build: Callable[[], Any], strategy: Strategy, steps: int, tol: float,
+                          ref: tuple[ParityCase, list[torch.Tensor], list[float], list[torch.Tensor], Any]
+                          ) -> ParityResult:
+    """The rule for a strategy that draws other random numbers (see the module doc)."""
+    _, initial_a, losses_a, params_a, _ = ref
+    _, initial_b, losses_b, params_b, _ = _trained(build, REFERENCE, steps, STREAM_SEEDS[1])
+    _, initial, losses, params, step = _trained(build, strategy, steps, STREAM_SEEDS[2])
+    noise = _rel_diff(torch.tensor(losses_b), torch.tensor(losses_a))[1]
+    abs_max, rel_max = _rel_diff(torch.tensor(losses), torch.tensor(losses_a))
+    allowed = STREAM_FACTOR * noise + STREAM_FLOOR + tol
+    alt = compare_updates(initial_b, params_b, initial_a, params_a)
+    update = compare_updates(initial, params, initial_a, params_a)
+    update_tol = _stream_tolerance(strategy, alt)
+    ok = rel_max <= allowed and update.within(update_tol)
+    return ParityResult(ok, abs_max, losses_a, losses, allowed, getattr(step, "fallback_reason", None),
+                        list(getattr(step, "report", [])), update, update_tol, losses_b, noise, alt, rel_max)
+
+
 def check_parity(build: Callable[[], Any], strategy: Strategy, steps: int = 3,
                  tol: float | None = None, *, compare_params: bool | None = None,
                  update_tol: UpdateTolerance | None = None) -> ParityResult:
@@ -204,17 +282,19 @@ def check_parity(build: Callable[[], Any], strategy: Strategy, steps: int = 3,
     (m/sqrt(v) normalises it). With ``tol > 0`` the whole update is compared instead, in size
     and direction, within ``update_tol`` (default :func:`update_tolerance`), so a step that
     leaves the weights unchanged (or moves them the wrong way) fails even when its losses stay close.
+    Both runs start from torch's generator seeded ``STREAM_SEEDS[0]``. A strategy that draws
+    other random numbers (:func:`changes_random_stream`) is judged by the random-stream rule
+    (the module doc), ``tol`` then being the tolerance of its rounding, added to that rule's bound.
     """
-    ref_case = _as_case(build())
+    ref = _trained(build, REFERENCE, steps, STREAM_SEEDS[0])
+    ref_case, initial_ref, losses_ref, params_ref, _ = ref
     device = next(ref_case.model.parameters()).device
     tol = default_tolerance(strategy, device) if tol is None else tol
+    if changes_random_stream(strategy, ref_case.formulation):
+        return _random_stream_parity(build, strategy, steps, tol, ref)
     compare_params = tol == 0 if compare_params is None else compare_params
     update_tol = update_tolerance(strategy) if update_tol is None else update_tol
-    initial_ref = [p.detach().clone() for p in ref_case.model.parameters()]
-    losses_ref, params_ref, _ = run_steps(ref_case, REFERENCE, steps)
-    case = _as_case(build())
-    initial = [p.detach().clone() for p in case.model.parameters()]
-    losses, params, step = run_steps(case, strategy, steps)
+    _, initial, losses, params, step = _trained(build, strategy, steps, STREAM_SEEDS[0])
     abs_max, rel_max = _rel_diff(torch.tensor(losses), torch.tensor(losses_ref))
     if compare_params:
         for p, q in zip(params, params_ref):
@@ -227,4 +307,4 @@ def check_parity(build: Callable[[], Any], strategy: Strategy, steps: int = 3,
         ok = ok and update.within(update_tol)
     return ParityResult(ok, abs_max, losses_ref, losses, tol,
                         getattr(step, "fallback_reason", None), list(getattr(step, "report", [])),
-                        update, update_tol if tol > 0 else None)
+                        update, update_tol if tol > 0 else None, loss_rel_diff=rel_max)

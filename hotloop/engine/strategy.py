@@ -21,7 +21,8 @@ import torch
 
 from ..errors import StrategyError
 from ..hparams import HParamsError, apply_overrides, parse_overrides, typed_value
-from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
+from ..models.formulation import ENGINE_FIELDS, FORMULATION_FIELDS, Formulation, FormulationError
+from .dropout_masks import has_dropout
 
 __all__ = ["Strategy", "StrategyError", "validate_for_model"]
 
@@ -221,8 +222,11 @@ def _typed(key: str, value: Any, typ: Any) -> Any:
 
 def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
     """Reject settings that do not apply to ``model`` (sparse gradients, channels_last without convs,
-    formulation fields the model does not read)."""
+    formulation fields the model does not read; ``dropout_masks`` is read by every model with an
+    ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`)."""
     reads = set(getattr(model, "formulation_fields", ()))
+    if has_dropout(model):
+        reads |= set(ENGINE_FIELDS)
     foreign = sorted(set(strategy.formulation.changed()) - reads)
     if foreign:
         raise StrategyError(f"strategy {', '.join(foreign)}: {type(model).__name__} does not read "

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..hparams import HParams
-from .formulation import Formulation, FormulationError, FormulationOption
+from .formulation import ENGINE_FIELDS, Formulation, FormulationError, FormulationOption
 from ..problems.base import PAD_ID, Batch, ProblemSpec
 
 __all__ = ["LossOutput", "SequenceModel", "token_stats", "count", "ModelMismatchError"]
@@ -106,8 +106,9 @@ class SequenceModel(nn.Module):
 
     def use_formulation(self, formulation: Formulation) -> None:
         """Compute with ``formulation`` from now on (the step builder calls this with the
-        Strategy's); fields outside ``formulation_fields`` must keep their plain values."""
-        foreign = sorted(set(formulation.check().changed()) - set(self.formulation_fields))
+        Strategy's); fields outside ``formulation_fields`` must keep their plain values, except
+        the ones the engine applies to any model (``ENGINE_FIELDS``: ``dropout_masks``)."""
+        foreign = sorted(set(formulation.check().changed()) - set(self.formulation_fields) - set(ENGINE_FIELDS))
         if foreign:
             raise FormulationError(f"{type(self).__name__} does not read formulation field(s) {foreign}")
         self.formulation = formulation

@@ -38,7 +38,9 @@ from ..hparams import HParamsError
 from ..problems.base import Batch, ProblemSpec
 from ..problems.bert_pretrain import BertPretrainHParams
 from ..registry import hparams_sets, models
+from ..ops.dropout import dropout as apply_dropout
 from .base import LossOutput, SequenceModel, token_stats
+from .formulation import BITS16_OPTION, Formulation, FormulationOption
 
 __all__ = ["BERT", "BertHParams", "BertLayer", "GELU_APPROXIMATE", "bert_base", "bert_small", "bert_tiny",
            "bert_minilm_l6"]
@@ -81,13 +83,25 @@ class BertLayer(nn.Module):
         self.ffn_out = nn.Linear(filter_size, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
         self.dropout = nn.Dropout(dropout)
+        self.dropout_masks = "bernoulli"   # the attention weights' masks (Strategy.dropout_masks)
+
+    def _attention_other_masks(self, q: Tensor, k: Tensor, v: Tensor, attend: Tensor) -> Tensor:
+        """SDPA's math path with the weights' dropout drawn by ``ops.dropout`` (``dropout_masks``):
+        q, k, v [B, nh, T, dh], attend bool [B, 1, 1, T] -> [B, nh, T, dh]."""
+        scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5                     # [B, nh, T, T]
+        weights = scores.masked_fill(~attend, float("-inf")).softmax(-1)            # [B, nh, T, T]
+        weights = apply_dropout(weights, self.attention_dropout, True, self.dropout_masks)
+        return weights @ v                                                          # [B, nh, T, dh]
 
     def forward(self, x: Tensor, attend: Tensor) -> Tensor:
         b, t, h = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.heads, h // self.heads)                # [B, T, 3, nh, dh]
         q, k, v = qkv.permute(2, 0, 3, 1, 4)                                        # each [B, nh, T, dh]
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attend,
-                                           dropout_p=self.attention_dropout if self.training else 0.0)
+        if self.training and self.attention_dropout > 0 and self.dropout_masks != "bernoulli":
+            a = self._attention_other_masks(q, k, v, attend)                        # [B, nh, T, dh]
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=attend,
+                                               dropout_p=self.attention_dropout if self.training else 0.0)
         a = a.transpose(1, 2).reshape(b, t, h)                                      # [B, T, H]
         x = self.attn_norm(x + self.dropout(self.attn_out(a)))
         y = self.ffn_out(F.gelu(self.ffn_in(x), approximate=self.approximate))     # [B, T, H]
@@ -100,6 +114,8 @@ class BERT(SequenceModel):
 
     tasks = ("pretrain", "classify")
     hparams_class = BertHParams
+    #: its nn.Dropout modules follow the engine; the attention weights' masks are its own
+    formulation_fields = ("dropout_masks",)
 
     def __init__(self, hp: BertHParams, spec: ProblemSpec) -> None:
         if not isinstance(hp, BertHParams):
@@ -132,6 +148,16 @@ class BERT(SequenceModel):
             self.mlm_bias = nn.Parameter(torch.zeros(vocab))
             self.head_prefixes = ("nsp_head", "mlm_transform", "mlm_norm", "mlm_bias")
         self.reset_parameters()
+
+    def use_formulation(self, formulation: Formulation) -> None:
+        """Also draw the attention weights' dropout masks with ``formulation.dropout_masks``."""
+        super().use_formulation(formulation)
+        for layer in self.layers:
+            layer.dropout_masks = formulation.dropout_masks
+
+    def formulation_options(self) -> list[FormulationOption]:
+        """bits16 dropout masks when the attention weights drop (its nn.Dropout modules: the engine's)."""
+        return [BITS16_OPTION] if self.hp.attention_dropout > 0 else []
 
     def reset_parameters(self) -> None:
         """Normal(0, initializer_range) weights, zero biases, unit LayerNorms (as BERT)."""

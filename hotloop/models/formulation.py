@@ -23,7 +23,8 @@ from ..ops.dropout import DROPOUT_MASKS
 from .lstm_cells import LSTM_IMPLS
 
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
-           "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING"]
+           "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING", "ENGINE_FIELDS", "RANDOM_STREAM_FIELDS",
+           "BITS16_OPTION"]
 
 #: accepted values of the string fields
 GEMM_DTYPES = ("fp32", "bf16")
@@ -37,6 +38,12 @@ FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
 #: how an option changes the numbers: "fp32" (other fp32 rounding), "bf16" (bf16 GEMM
 #: operands, fp32 accumulation), "random_stream" (other random draws, same distribution)
 ROUNDING = ("fp32", "bf16", "random_stream")
+
+#: fields the engine applies to any model besides the models that read them (``dropout_masks``:
+#: every ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`)
+ENGINE_FIELDS = ("dropout_masks",)
+#: fields whose other values draw other random numbers (same distribution)
+RANDOM_STREAM_FIELDS = ("dropout_masks",)
 
 
 class FormulationError(UserError, ValueError):
@@ -94,3 +101,11 @@ class FormulationOption:
     rounding: str = "fp32"            # one of ROUNDING
     needs_fast_bf16: bool = False     # proposed only where bf16 GEMMs are faster than fp32
     expected_gain: float = 0.1        # prior used only to order the trials
+
+
+#: every dropout mask from 16-bit draws: another random stream, the same drop rate (the parity
+#: guard's random-stream rule confirms it); offered by models with dropout and by the engine
+#: for models with ``nn.Dropout`` modules (:mod:`hotloop.engine.dropout_masks`)
+BITS16_OPTION = FormulationOption("dropout_masks=bits16", {"dropout_masks": "bits16"},
+                                  "dropout masks from 16-bit integer draws (a quarter of the random draws)",
+                                  rounding="random_stream", expected_gain=0.1)

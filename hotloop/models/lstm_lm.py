@@ -23,7 +23,7 @@ from ..ops.dropout import dropout as apply_dropout
 from ..problems.base import Batch, ProblemSpec
 from ..registry import hparams_sets, models
 from .base import LossOutput, SequenceModel, count, token_stats
-from .formulation import FORMULATION_FIELDS, FormulationOption
+from .formulation import BITS16_OPTION, FORMULATION_FIELDS, FormulationOption
 from .fused_ce import linear_cross_entropy
 from .lstm_cells import LSTMState, run_lstm
 
@@ -69,7 +69,7 @@ class LSTMLM(SequenceModel):
 
     def formulation_options(self) -> list[FormulationOption]:
         """The fused output+CE (fp32 or with bf16 GEMM operands) and, from WIDE_HIDDEN up,
-        the hand-written BPTT with bf16 GEMM operands."""
+        the hand-written BPTT with bf16 GEMM operands; with dropout, bits16 masks."""
         options = [
             FormulationOption("fused_ce", {"fused_ce": True},
                               "chunked output projection + cross-entropy (no [T*B, V] logits kept)",
@@ -82,6 +82,8 @@ class LSTMLM(SequenceModel):
                 "bptt bf16", {"lstm_impl": "bptt", "lstm_gemm_dtype": "bf16"},
                 "hand-written BPTT LSTM with bf16 GEMM operands (fp32 gates and state)",
                 rounding="bf16", needs_fast_bf16=True, expected_gain=0.3))
+        if self.hp.dropout > 0:
+            options.append(BITS16_OPTION)
         return options
 
     # -- state ---------------------------------------------------------------

@@ -15,7 +15,8 @@
    and its loss trajectory matches eager fp32 within the engine's tolerance, or within
    a multiple of the model's own chaos floor (:mod:`hotloop.tools.trajectory`)
    (trial trajectories, then :func:`hotloop.engine.parity.check_parity`, which also
-   compares the parameter updates);
+   compares the parameter updates; a candidate drawing other random numbers, bits16
+   dropout masks, is judged by check_parity's random-stream rule alone);
 5. the choice is cached (:mod:`hotloop.tools.tune_cache`).
 
 The caller's model, its weights and every global RNG stream are left as they were. A stop
@@ -34,7 +35,8 @@ from torch import nn
 
 from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.process_settings import apply_process_settings
-from ..engine.parity import REFERENCE, ParityCase, check_parity, default_tolerance
+from ..engine.dropout_masks import with_dropout_option
+from ..engine.parity import REFERENCE, ParityCase, changes_random_stream, check_parity, default_tolerance
 from ..engine.strategy import Strategy
 from ..errors import UserError
 from ..hparams import HParams
@@ -89,8 +91,9 @@ def _record_compiles(key: dict, trials: Sequence[Trial]) -> None:
 
 
 def _formulation_options(model: nn.Module) -> list[FormulationOption]:
+    """The model's own options, and bits16 dropout masks for its nn.Dropout modules (engine/dropout_masks.py)."""
     options = getattr(model, "formulation_options", None)
-    return list(options()) if callable(options) else []
+    return with_dropout_option(list(options()) if callable(options) else [], model)
 
 
 def _clip_foldable(hp: HParams, device: torch.device) -> bool:
@@ -187,6 +190,8 @@ def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], t
         result = check_parity(build, trial.strategy, steps=PARITY_STEPS, tol=tol)
     update = "" if result.update is None else (f", update size {result.update.scale:.2f}"
                                                f" cos {result.update.cosine:.2f}")
+    if result.stream_noise is not None:    # the random-stream rule has its own noise floor
+        return result.ok, f"{'' if result.ok else 'REJECTED by '}check_parity ({result.stream_line()})"
     if result.ok:
         return True, f"check_parity ok (max diff {result.max_abs_diff:.1e}{update})"
     update_ok = result.update is not None and result.update.within(result.update_tol)
@@ -228,15 +233,20 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
         if len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain):
             faster.append((comparison.ratio, t, tol))
             t.parity = "not judged: a faster candidate passed"
+        elif changes_random_stream(t.strategy):
+            t.parity = "not judged: not faster (other random stream)"
         else:   # not a switch on time: the plain tolerance is reported, no floor is measured
             t.parity = judge_trajectory(t, baseline, tol, None)[1]
     for _, t, tol in sorted(faster, key=lambda entry: entry[0]):
-        ok, t.parity = judge_trajectory(t, baseline, tol, floor_for(t))
+        if changes_random_stream(t.strategy):   # other draws: only check_parity's rule can judge it
+            ok, t.parity = True, "trajectory not compared (other random stream)"
+        else:
+            ok, t.parity = judge_trajectory(t, baseline, tol, floor_for(t))
         if not ok:
             continue
         ok, verdict = _engine_parity(runner.pristine, runner.hp, runner.batches, t, runner.device,
                                      floor_for(t))
-        runner.step_calls += 2 * PARITY_STEPS
+        runner.step_calls += (3 if changes_random_stream(t.strategy) else 2) * PARITY_STEPS
         t.parity = f"{t.parity}; {verdict}"
         if ok:
             return t

@@ -139,16 +139,18 @@ def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
     An option with bf16 GEMM operands is proposed only where bf16 matmuls run in hardware
     (``hw.fast_bf16``); an option whose changes another proposed option contains is left
     out (the larger one's leave-one-out candidate times the difference); an option that
-    changes the random stream is never proposed, since no trajectory comparison can
-    confirm it (the user sets it explicitly). ``allow_reduced_precision=False`` leaves out the
-    bf16 options before that, so their fp32 subsets stay proposed.
+    changes the random stream (bits16 dropout masks) is proposed with the tag ``random_stream``:
+    the parity guard judges it by its random-stream rule (:mod:`hotloop.engine.parity`).
+    ``allow_reduced_precision=False`` leaves out the bf16 options before that, so their fp32
+    subsets stay proposed.
     """
-    fitting = [o for o in options if o.rounding != "random_stream" and (hw.fast_bf16 or not o.needs_fast_bf16)
+    fitting = [o for o in options if (hw.fast_bf16 or not o.needs_fast_bf16)
                and (allow_reduced_precision or o.rounding != "bf16")]
     kept = [o for o in fitting if not any(
         other is not o and other.changes.items() > o.changes.items() for other in fitting)]
+    tags = {"bf16": ("lossy",), "random_stream": ("random_stream",)}
     out = [Proposal(o.label, dict(o.changes), f"formulation: {o.why}", expected_gain=o.expected_gain,
-                    tags=("lossy",) if o.rounding == "bf16" else ()) for o in kept]
+                    tags=tags.get(o.rounding, ())) for o in kept]
     if clip_foldable:
         out.append(Proposal("clip_via_lr", {"clip_via_lr": True},
                             "plain SGD with clipping -> clip factor folded into the learning rate "

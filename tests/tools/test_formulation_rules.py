@@ -45,9 +45,10 @@ def test_bf16_formulations_are_proposed_only_where_bf16_is_fast() -> None:
     assert all(p.tags == ("lossy",) for p in formulation_proposals(options, FAST))
 
 
-def test_random_stream_options_are_never_proposed_and_the_clip_fold_is_one_flag() -> None:
+def test_random_stream_options_are_proposed_tagged_and_the_clip_fold_is_one_flag() -> None:
     masks = FormulationOption("bits16", {"dropout_masks": "bits16"}, "other draws", rounding="random_stream")
-    assert formulation_proposals([masks], FAST) == []
+    [proposal] = formulation_proposals([masks], AVX2)
+    assert proposal.changes == {"dropout_masks": "bits16"} and proposal.tags == ("random_stream",)
     [clip] = formulation_proposals([], AVX2, clip_foldable=True)
     assert clip.changes == {"clip_via_lr": True}
 
