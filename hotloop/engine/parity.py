@@ -23,6 +23,23 @@ under bf16 every gradient entry at noise level may flip its sign. Measured over 
 steps on the tiny built-in cases, that puts the difference between 0.002 and 0.89.
 Over the same steps the sizes stay within 1 ± 0.011 and the cosines at or above 0.6
 (yolov3, whose bf16 losses already differ by 9%, is the exception at -0.06).
+
+Random streams: each run starts from torch's generator seeded right after its ``build()``
+(``STREAM_SEEDS[0]`` for the reference and the strategy; the caller's streams are restored), so
+dropout draws the same masks in both even when ``build()`` only copies a model.
+
+Random-stream rule (a strategy that draws other random numbers, :func:`changes_random_stream`:
+``dropout_masks=bits16``): no trajectory can match the reference's, so the reference is trained
+twice, from streams A and B (``STREAM_SEEDS[0]``, ``[1]``), and the strategy from stream C. The
+reference's own deviation between A and B is the yardstick. The strategy passes when (1) its
+worst relative loss difference from A is at most ``STREAM_FACTOR`` (4) x that of B, plus
+``STREAM_FLOOR`` (1e-4) plus the tolerance of its rounding (:func:`default_tolerance`, 0 for
+bits16 alone), and (2) its update compared with A's (:func:`compare_updates`) is as close as B's:
+size ``|d|/|d_A|`` within ``|B's size - 1| + STREAM_MARGIN`` (0.1) of 1 and cosine at least
+B's cosine minus ``STREAM_MARGIN`` (reduced precision adds its update slack, 0.2). Losses over a
+few steps are noisy, so (1) only bounds gross errors; the update, summed over every parameter,
+is the sharp test: masks that drop everything leave the masked layers without gradient, and
+their update's cosine with A's falls far below B's (``tests/engine/test_random_stream_parity.py``).
 """
 from __future__ import annotations
 
