@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..tools.tune_budget import DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
+from ..tools.tune_budget import COMPILE_MAX_SECONDS, DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
 
 __all__ = ["NAME", "HELP", "RUN_FLAGS", "add_arguments", "run"]
 
@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-fraction", type=float, default=DEFAULT_BUDGET_FRACTION,
                         help="tuning budget as a fraction of the planned run's eager time")
     parser.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, help="hard cap on tuning time")
+    parser.add_argument("--compile-max-seconds", type=float, default=COMPILE_MAX_SECONDS,
+                        help="the cap when the planned run repays a compile (a compiling backend is proposed)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the table as JSON")
 
 
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     built = build_from_args(args)
     planned = args.planned_steps if args.planned_steps is not None else planned_steps(built.problem, built.hp)
     report = tune(built.model, built.problem, built.hp, args.device, planned,
-                  budget_fraction=args.budget_fraction, max_seconds=args.max_seconds,
+                  budget_fraction=args.budget_fraction, max_seconds=args.max_seconds, compile_max_seconds=args.compile_max_seconds,
                   cache=not args.no_cache, log=lambda line: None)
     print(f"hotloop tune: {args.problem} / {args.model} / {built.info['hparams_set']}"
           f" (planned steps: {planned or 'unknown'})")

@@ -9,6 +9,7 @@ the parity check all call it, so each runs the step the Trainer runs.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -58,16 +59,35 @@ def _channels_last_inputs(loss_fn: LossFn) -> LossFn:
     return wrapped
 
 
-def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> list[str]:
+def _fused_kernel_fits(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:
+    """torch has a one-kernel (``fused=True``) update for this optimizer class, these dtypes and devices."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    init = getattr(type(optimizer), "__init__", None)
+    try:
+        accepts = init is not None and "fused" in inspect.signature(init).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    devices = _get_fused_kernels_supported_devices()
+    return accepts and bool(params) and all(
+        p.is_floating_point() and p.device.type in devices and not p.is_sparse for p in params)
+
+
+def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool, kernel: bool = False) -> list[str]:
     """Make the optimizer's multi-tensor mode follow ``Strategy.fused_optimizer``; report changes.
 
     ``fused=True`` keeps a ``fused`` kernel if the optimizer was built with one, else
-    turns on ``foreach``; ``fused=False`` selects the per-tensor loop.
+    turns on ``foreach``; with ``kernel=True`` (``Strategy.fused_kernel``) a group whose optimizer
+    class, dtypes and devices torch has a one-kernel update for switches to it (``fused=True``);
+    ``fused=False`` selects the per-tensor loop.
     """
     changes: list[str] = []
     for i, group in enumerate(getattr(optimizer, "param_groups", None) or []):
         if not isinstance(group, dict):
             continue
+        if fused and kernel and not group.get("fused") and "fused" in group \
+                and _fused_kernel_fits(optimizer, list(group.get("params", []))):
+            changes.append(f"optimizer: param_group[{i}].fused: {group['fused']} -> True (one-kernel update)")
+            group["fused"] = True
         want_foreach = fused and not group.get("fused")
         if "foreach" in group and bool(group["foreach"]) != want_foreach:
             changes.append(f"optimizer: param_group[{i}].foreach: {group['foreach']} -> {want_foreach}")
@@ -108,7 +128,7 @@ def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.opti
     """
     lines = list(report)
     for opt in (phase_optimizers or [optimizer]):
-        lines += wire_fused_optimizer(opt, strategy.fused_optimizer)
+        lines += wire_fused_optimizer(opt, strategy.fused_optimizer, strategy.fused_kernel)
     if phases is None:
         phases = one_phase(loss_fn or default_loss_fn, model)
         phase_optimizers = [optimizer]

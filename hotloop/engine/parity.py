@@ -8,7 +8,7 @@ bitwise) and the parameter updates (otherwise).
 
 Loss tolerances (``tol=None``): 0 (bitwise) for fp32 on the eager and graph
 backends, 1e-5 relative with ``fast_math`` passes, 1e-4 relative for ``backend=inductor`` (it re-fuses arithmetic) and
-for CUDA ``fused`` optimizer kernels (1-ulp differences per update), and
+for ``fused`` optimizer kernels (CUDA, or ``fused_kernel`` on CPU: 1-ulp differences per update), and
 3e-2 relative for bf16 (autocast rounds every matmul input to 8 bits of mantissa).
 
 Update check (every non-bitwise comparison): ``d = final - initial`` over all
@@ -173,7 +173,7 @@ def default_tolerance(strategy: Strategy, device: torch.device | str = "cpu") ->
         return 1e-4
     if strategy.fast_math and strategy.graph_passes:
         return 1e-5
-    if strategy.fused_optimizer and torch.device(device).type == "cuda":
+    if strategy.fused_optimizer and (strategy.fused_kernel or torch.device(device).type == "cuda"):
         return 1e-4
     return 0.0
 

@@ -34,6 +34,8 @@ class Strategy:
     disabled_passes: tuple[str, ...] = ()  # pass names to skip (override syntax: "a:b")
     fast_math: bool = False             # also run passes that change rounding (fuse_cross_entropy)
     fused_optimizer: bool = True        # multi-tensor (foreach / fused) optimizer update
+    fused_kernel: bool = False          # with fused_optimizer: torch's one-kernel update (fused=True) on
+                                        # CPU too, where torch has one (CUDA uses it always; ~1 ulp off foreach)
     inplace: bool = False               # inplace activations where safe
     backend: str = "eager"              # "eager" | "graph" (own executor) | "inductor"
     cuda_graphs: bool = False

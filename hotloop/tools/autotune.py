@@ -53,7 +53,7 @@ from .reader_trial import confirm_workers
 from .significance import compare_paired
 from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
-from .tune_budget import DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
+from .tune_budget import COMPILE_MAX_SECONDS, DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
 from .tune_cache import cache_key, load_choice, save_choice
 from .tune_report import TuneReport
 from .tune_start import BatchStream, TuneStops
@@ -270,7 +270,8 @@ def _skipped(baseline: Trial, first: float, budget: float, hw: HardwareInfo, mod
 
 def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device | str = "cpu",
          planned_steps: int | None = None, *, budget_fraction: float = DEFAULT_BUDGET_FRACTION,
-         max_seconds: float = DEFAULT_MAX_SECONDS, cache: bool = True,
+         max_seconds: float = DEFAULT_MAX_SECONDS, compile_max_seconds: float = COMPILE_MAX_SECONDS,
+         cache: bool = True,
          log: Callable[[str], None] = print, extra_proposals: Sequence[Proposal] = (),
          planned_seconds: float | None = None,
          num_batches: int = 16, warmup: int = 2, max_trial_steps: int = 10,
@@ -279,6 +280,9 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
     """Run the autotuner and return the full report (:func:`hotloop.compose.plan.auto_strategy`,
     the one-liner, returns ``report.strategy``).
 
+    ``max_seconds`` caps tuning; when the planned run repays a compile (a compiling backend is
+    proposed), the cap is ``max(max_seconds, compile_max_seconds)``, the planned run's share
+    (``budget_fraction``) still applying, so a long run can afford to time its compile.
     ``allow_reduced_precision=False`` keeps every candidate at fp32 (no bf16/fp16 autocast, no TF32,
     no bf16 GEMM formulation: :func:`hotloop.tools.proposals.reduced_precision`), the caller's
     ``extra_proposals`` included; such a choice is cached under its own key.
@@ -317,9 +321,9 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
             baseline = Trial("eager", baseline_s, "baseline: eager fp32, per-tensor optimizer loop", warmup=1)
             runner.prepare(baseline)
 
-            def budget_for(eager_s: float) -> float:
+            def budget_for(eager_s: float, cap: float = max_seconds) -> float:
                 run_s = [s for s in (planned_steps * eager_s if planned_steps else None, planned_seconds) if s]
-                return min([max_seconds] + [budget_fraction * s for s in run_s])
+                return min([cap] + [budget_fraction * s for s in run_s])
 
             first = runner.step(baseline) if baseline.status == "ok" else float("inf")
             if baseline.status != "ok" or first > budget_for(first):
@@ -337,8 +341,6 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         runner.warmup = max(warmup, len({k for b in batches for k in b if k.startswith("task:")}))
         facts = _calibrate(runner, baseline, model, budget_for, hard.elapsed)
         eager_s = baseline.median if baseline.measured else first
-        budget = Budget(budget_for(eager_s))
-        budget.start = hard.start
         reader = ReaderFacts(reader_s, eager_s)
         load = _load_average()
         planned_run_s = planned_steps * eager_s if planned_steps else planned_seconds
@@ -349,6 +351,9 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
                             allow_reduced_precision=allow_reduced_precision)
         extra = [p for p in extra_proposals if allow_reduced_precision or not reduced_precision(p.apply(baseline_s))]
         proposals = extra + proposals          # the caller's own candidates first
+        compiling = any(p.compile_cost > 0 for p in proposals if p.timed)
+        budget = Budget(budget_for(eager_s, max(max_seconds, compile_max_seconds) if compiling else max_seconds))
+        budget.start = hard.start
         ordered = candidate_order([p for p in proposals if p.timed])
         pending = [Trial(p.label, p.apply(baseline_s), p.rule, compile_cost=p.compile_cost) for p in ordered]
         trials = runner.run_candidates(pending, baseline, max_trial_steps, budget,

@@ -88,8 +88,22 @@ def test_max_time_caps_the_planned_run(tiny_model, copy_problem, tiny_hp):
     capped = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**6, max_seconds=20, cache=False,
                   planned_seconds=4.0, **QUIET)
     assert capped.budget_seconds == pytest.approx(4.0 * DEFAULT_BUDGET_FRACTION) == pytest.approx(0.16)
-    unbounded = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**6, max_seconds=20, cache=False, **QUIET)
+    unbounded = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**6, max_seconds=20, compile_max_seconds=20,
+                     cache=False, **QUIET)
     assert unbounded.budget_seconds == pytest.approx(20.0)
+
+
+def test_a_run_that_repays_a_compile_gets_the_compile_cap(tiny_model, copy_problem, tiny_hp):
+    """10^8 planned steps repay a compile, so the cap is compile_max_seconds (the planned run's 4%
+    still applies); 100 steps repay none, and max_seconds stays the cap."""
+    long = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**8, max_seconds=0.5, compile_max_seconds=3.0,
+                cache=False, **QUIET)
+    assert any(t.label == "backend=inductor" or "backend=inductor" in t.rule for t in long.trials)
+    assert long.budget_seconds == pytest.approx(3.0)
+    short = tune(tiny_model, copy_problem, tiny_hp, "cpu", 100, max_seconds=0.5, compile_max_seconds=3.0,
+                 cache=False, **QUIET)
+    assert not any("backend=inductor" in t.label for t in short.trials)
+    assert short.budget_seconds <= 0.5
 
 
 def test_parity_guard_rejects_a_candidate_that_changes_results(tiny_model, copy_problem, tiny_hp,
