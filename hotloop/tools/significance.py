@@ -8,6 +8,12 @@ both stepped, ``r_i = candidate_i / reference_i``. The test is on ``log r_i``:
 - the upper bound is the one-sided 90% Student-t bound
   ``exp(mean + t(0.90, n-1) * sd / sqrt(n))``.
 
+A round in which either step took more than :data:`OUTLIER_FACTOR` times the median of its
+own contender's steps is left out: such a step measured something else (oneDNN creating
+a convolution primitive for a shape its cache dropped, page faults of freshly allocated
+activations: 3.9 s eager steps among 70 ms ones on ``yolov3_shapes``, 2-core AMD EPYC),
+and one of them in a pair swings the mean of the logs more than every other round together.
+
 A candidate is a switch only if the point estimate beats eager by ``min_gain``
 **and** the upper bound is below 1: a gain hidden in noise keeps eager, and a
 slow round on a loaded machine moves both members of its pair. With fewer than
@@ -21,9 +27,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["MIN_PAIRS", "Comparison", "compare_paired", "t_quantile_90"]
+__all__ = ["MIN_PAIRS", "OUTLIER_FACTOR", "Comparison", "compare_paired", "t_quantile_90"]
 
 MIN_PAIRS = 3
+#: a step above this multiple of its contender's median step leaves its round out of the comparison
+OUTLIER_FACTOR = 3.0
 # one-sided 90% quantiles of Student's t by degrees of freedom (larger df: the nearest smaller key)
 _T90 = {1: 3.078, 2: 1.886, 3: 1.638, 4: 1.533, 5: 1.476, 6: 1.440, 7: 1.415, 8: 1.397, 9: 1.383,
         10: 1.372, 12: 1.356, 15: 1.341, 20: 1.325, 30: 1.310, 60: 1.296, 120: 1.289}
@@ -67,8 +75,10 @@ def compare_paired(candidate: Sequence[float], candidate_rounds: Sequence[int],
                    reference: Sequence[float], reference_rounds: Sequence[int]) -> Comparison:
     """Compare step times (seconds) tagged with their round (-1: outside the interleaved rounds)."""
     by_round = {r: t for r, t in zip(reference_rounds, reference) if r >= 0}
+    ref_cut = OUTLIER_FACTOR * statistics.median(reference) if reference else math.inf
+    cand_cut = OUTLIER_FACTOR * statistics.median(candidate) if candidate else math.inf
     logs = [math.log(t / by_round[r]) for r, t in zip(candidate_rounds, candidate)
-            if r >= 0 and r in by_round and t > 0 and by_round[r] > 0]
+            if r >= 0 and r in by_round and 0 < t <= cand_cut and 0 < by_round[r] <= ref_cut]
     if len(logs) < MIN_PAIRS:
         if not candidate or not reference:
             return Comparison(math.inf, math.inf, len(logs))

@@ -68,3 +68,17 @@ def test_too_few_pairs_fall_back_to_medians():
     assert result.pairs == 2 < MIN_PAIRS and not result.paired
     assert result.ratio == pytest.approx(0.8) and result.faster(0.02)
     assert math.isinf(compare_paired([], [], [1.0], [0]).ratio)
+
+
+def test_rounds_with_a_step_far_above_its_median_are_left_out():
+    """yolov3_shapes' trials (2-core EPYC): a candidate 20% faster in every ordinary round, with
+    multi-second steps (oneDNN primitive creation) on either side in three rounds. Those rounds
+    swing the mean of the logs either way; left out, the gain is a switch."""
+    ref = [70.9, 71.5, 215.9, 70.3, 93.7, 71.6, 3876.0, 3658.7]
+    cand = [55.4, 52.8, 55.1, 760.6, 71.3, 55.3, 3228.9, 68.0]
+    rounds = list(range(8))
+    result = compare_paired(cand, rounds, ref, rounds)
+    assert result.pairs == 5          # rounds 3 (candidate 760.6), 6 and 7 (reference) are out
+    assert result.ratio < 0.85 and result.faster(0.02), result.describe()
+    slower = compare_paired(ref, rounds, cand, rounds)     # the same data the other way round
+    assert slower.ratio > 1.15 and not slower.faster(0.02)
