@@ -1,6 +1,7 @@
 """Each Strategy knob side by side against eager, on the registered models.
 
     PYTHONPATH=. nice -n 10 python benchmarks/strategies.py --model transformer [--json out.json]
+    PYTHONPATH=. python benchmarks/strategies.py --model bert --only eager --bits16   # dropout masks
 
 Every contender trains its own copy of the same model (same seed) on the same
 batches. After a warm-up (captures happen there), the contenders run
@@ -45,6 +46,8 @@ CONTENDERS: dict[str, Strategy] = {
                                       fused_optimizer=True),
 }
 INDUCTOR = Strategy(backend="inductor", fused_optimizer=True)
+#: ``--bits16``: eager with every dropout mask from 16-bit draws (models whose dropout drops only)
+BITS16 = Strategy(fused_optimizer=False, dropout_masks="bits16")
 
 
 class Branches(nn.Module):
@@ -130,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
     p.add_argument("--inductor", action="store_true", help="also torch.compile (slow to compile on CPU)")
+    p.add_argument("--bits16", action="store_true", help="also eager with dropout_masks=bits16 "
+                   "(models with dropout only)")
     p.add_argument("--only", default="", help="comma-separated contender labels (eager always runs)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -142,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         contenders = {k: v for k, v in contenders.items() if k in keep}
     if args.inductor:
         contenders["inductor"] = INDUCTOR
+    if args.bits16:
+        contenders["eager+bits16"] = BITS16
     rows: list[dict] = []
     for model in args.model:
         try:

@@ -39,7 +39,9 @@ def every_candidate_faster(monkeypatch):
 def _tune(copy_problem, tiny_hp):
     torch.manual_seed(0)
     model = DroppingTagger(tiny_hp, copy_problem.spec(tiny_hp))
-    return autotune.tune(model, copy_problem, tiny_hp, "cpu", None, **QUIET)
+    report = autotune.tune(model, copy_problem, tiny_hp, "cpu", None, **QUIET)
+    assert type(model.drop) is nn.Dropout            # the trials swapped their own copies only
+    return report
 
 
 def test_bits16_masks_are_proposed_timed_and_confirmed_by_the_random_stream_rule(
