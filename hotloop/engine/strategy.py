@@ -233,7 +233,8 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
     if foreign:
         raise StrategyError(f"strategy {', '.join(foreign)}: {type(model).__name__} does not read "
                             f"{'this formulation field' if len(foreign) == 1 else 'these formulation fields'}"
-                            f" (it reads {sorted(reads) or 'none'})")
+                            f" (it reads {sorted(reads) or 'none'}"
+                            f"{'; dropout_masks needs an nn.Dropout with p > 0' if 'dropout_masks' in foreign else ''})")
     from ..optim import sparse_gradient_modules
     sparse = sparse_gradient_modules(model)
     if sparse and strategy.fused_optimizer:
