@@ -17,10 +17,11 @@ from .hardware import HardwareInfo
 from .model_facts import ModelFacts
 
 __all__ = ["Proposal", "ReaderFacts", "propose", "formulation_proposals", "baseline_strategy", "combine", "candidate_order",
-           "reduced_precision", "SMALL_OP_FLOPS", "HEAVY_SHARE", "DATA_BOUND_RATIO"]
+           "reduced_precision", "SMALL_OP_FLOPS", "HEAVY_SHARE", "CONV_LAYOUT_SHARE", "DATA_BOUND_RATIO"]
 
 SMALL_OP_FLOPS = 2e6      # mean FLOPs per aten op below which dispatch/threading overhead dominates
 HEAVY_SHARE = 0.5         # a FLOP share at or above this makes a model "matmul-" or "conv-heavy"
+CONV_LAYOUT_SHARE = 0.3   # a conv FLOP share from which channels_last is worth timing (mask_rcnn_shapes: 45%)
 DATA_BOUND_RATIO = 0.05   # reader time per batch / step time above which feeding must be async
 COMPILE_OPS = 300         # ops per step above which whole-step capture is worth trying
 
@@ -75,7 +76,9 @@ def _compile_rules(facts: ModelFacts, available_backends: tuple[str, ...], small
                    planned_seconds: float | None, compile_costs: dict[str, float]) -> list[Proposal]:
     out: list[Proposal] = []
     many_small = facts.ops_per_step >= COMPILE_OPS and small_ops
-    for backend, default in COMPILE_COSTS.items():
+    # inductor first: where both are proposed, the combined candidates compile with inductor
+    # (its generated kernels beat the graph backend's replay); graph is then timed alone
+    for backend, default in sorted(COMPILE_COSTS.items(), key=lambda item: item[0] != "inductor"):
         if backend not in available_backends:
             continue
         cost = compile_costs.get(backend, default)
@@ -113,11 +116,11 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
         out.append(Proposal(f"threads={threads}", {"intra_op_threads": threads, "executor": "serial"},
                             f"{why} -> serial executor, fewer threads",
                             expected_gain=0.1 if small_ops else min(0.5, busy / hw.cores)))
+    if share.get("conv", 0.0) >= CONV_LAYOUT_SHARE and facts.has_conv2d:
+        out.append(Proposal("channels_last", {"channels_last": True},
+                            f"{share['conv']:.0%} of FLOPs in 2-D convolutions -> channels_last",
+                            expected_gain=0.15))
     if share.get("conv", 0.0) >= HEAVY_SHARE:
-        if facts.has_conv2d:
-            out.append(Proposal("channels_last", {"channels_last": True},
-                                f"conv-heavy ({share['conv']:.0%} of FLOPs) -> channels_last",
-                                expected_gain=0.15))
         if hw.device == "cuda":
             out.append(Proposal("cudnn_benchmark", {"cudnn_benchmark": True},
                                 f"conv-heavy ({share['conv']:.0%} of FLOPs) -> cudnn.benchmark",

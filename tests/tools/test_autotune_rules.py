@@ -29,7 +29,26 @@ def test_conv_heavy_proposes_channels_last_and_cudnn_benchmark_on_cuda():
     on_gpu = propose(conv, AMPERE)
     assert {"channels_last", "cudnn_benchmark"} <= labels(on_gpu)
     rule = next(p.rule for p in on_gpu if p.label == "channels_last")
-    assert "conv-heavy" in rule
+    assert "80% of FLOPs in 2-D convolutions" in rule
+
+
+def test_channels_last_is_timed_from_a_third_of_the_flops_in_convs():
+    """mask_rcnn_shapes has 45% of its FLOPs in convolutions (the rest in its box-head matmuls)."""
+    assert "channels_last" in labels(propose(facts({"conv": 0.45, "matmul": 0.55}, conv2d=True), CPU_PLAIN))
+    assert "channels_last" not in labels(propose(facts({"conv": 0.2, "matmul": 0.8}, conv2d=True), CPU_PLAIN))
+    assert "cudnn_benchmark" not in labels(propose(facts({"conv": 0.45, "matmul": 0.55}, conv2d=True), AMPERE))
+
+
+def test_combined_candidates_compile_with_inductor_and_leaving_it_out_stays_eager():
+    from hotloop.tools.proposals import candidate_order
+    conv = facts({"conv": 1.0}, conv2d=True)
+    timed = [p for p in propose(conv, CPU_PLAIN, available_backends=("graph", "inductor"), planned_seconds=1e4)
+             if p.timed]
+    order = candidate_order(timed)
+    assert order[0].changes["backend"] == "inductor" and order[0].changes["channels_last"] is True
+    without = next(p for p in order if p.label == "all but backend=inductor")   # the expert loop's settings
+    assert "backend" not in without.changes and without.changes["channels_last"] is True
+    assert any(p.changes == {"backend": "graph"} for p in order)                 # graph is timed alone
 
 
 def test_matmul_heavy_proposes_bf16_only_on_fast_bf16_hardware():
