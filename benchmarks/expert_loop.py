@@ -19,7 +19,6 @@ the one recorded.
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -28,7 +27,7 @@ import torch
 from torch import nn
 
 from hotloop.hparams import HParams
-from hotloop.optim import build_optimizer, sparse_gradient_modules
+from hotloop.optim import build_optimizer, fused_kernel_available, sparse_gradient_modules
 from hotloop.tools.hardware import HardwareInfo, detect_hardware
 
 __all__ = ["ExpertSettings", "PlainLoop", "ExpertLoop", "expert_settings", "expert_precision",
@@ -53,13 +52,6 @@ def _phase_groups(model: nn.Module) -> dict[str, list[nn.Parameter]] | None:
     if not callable(groups):
         return None
     return {name: [p for p in params if p.requires_grad] for name, params in groups().items()}
-
-
-def _fused_available(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:
-    """torch has a fused kernel for this optimizer class on ``device``."""
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-    accepts = "fused" in inspect.signature(type(optimizer).__init__).parameters
-    return accepts and device.type in _get_fused_kernels_supported_devices()
 
 
 @dataclass(frozen=True)
@@ -94,12 +86,11 @@ def expert_settings(model: nn.Module, device: torch.device | str, precision: str
                           compile=compile)
 
 
-def _expert_optimizer(params: list[nn.Parameter], hp: HParams, mode: str,
-                      device: torch.device) -> torch.optim.Optimizer:
-    """The hparams' optimizer with a fused kernel (``mode="fused"``, where torch has one for it on
-    ``device``; else foreach), foreach, or the per-tensor loop."""
+def _expert_optimizer(params: list[nn.Parameter], hp: HParams, mode: str) -> torch.optim.Optimizer:
+    """The hparams' optimizer with a fused kernel (``mode="fused"``, where torch has one for it and
+    the parameters' device; else foreach), foreach, or the per-tensor loop."""
     optimizer = build_optimizer(params, hp, fused=mode != "per-tensor")     # CUDA: fused, else foreach
-    if mode == "fused" and _fused_available(optimizer, device):
+    if mode == "fused" and fused_kernel_available(type(optimizer), params):
         for group in optimizer.param_groups:      # before the first step: no state to convert
             group["foreach"], group["fused"] = False, True
     elif mode == "foreach":
@@ -173,7 +164,7 @@ class ExpertLoop:
         self.phased = groups is not None
         groups = groups or {"all": [p for p in model.parameters() if p.requires_grad]}
         self.params = groups
-        self.optimizers = {name: _expert_optimizer(params, hp, settings.optimizer, self.device)
+        self.optimizers = {name: _expert_optimizer(params, hp, settings.optimizer)
                            for name, params in groups.items()}
         self.max_grad_norm = hp.max_grad_norm
         self.autocast_dtype = torch.bfloat16 if settings.precision == "bf16" else None

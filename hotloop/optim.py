@@ -6,6 +6,7 @@ the build supports it for the parameters' device).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Iterable
 
 import torch
@@ -14,7 +15,21 @@ from .errors import StrategyError
 from .hparams import HParams
 from .registry import optimizers
 
-__all__ = ["build_optimizer", "sparse_gradient_modules"]
+__all__ = ["build_optimizer", "sparse_gradient_modules", "fused_kernel_available"]
+
+
+def fused_kernel_available(optimizer_cls: type, params: Iterable[torch.Tensor]) -> bool:
+    """torch has a one-kernel (``fused=True``) update for ``optimizer_cls`` over ``params``
+    (dense floating-point tensors on a device torch has fused kernels for)."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    try:
+        accepts = "fused" in inspect.signature(optimizer_cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+    params = list(params)
+    devices = _get_fused_kernels_supported_devices()
+    return accepts and bool(params) and all(
+        p.is_floating_point() and not p.is_sparse and p.device.type in devices for p in params)
 
 
 def _multi_tensor(params: list, fused: bool) -> dict[str, bool]:

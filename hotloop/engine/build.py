@@ -9,7 +9,6 @@ the parity check all call it, so each runs the step the Trainer runs.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -18,7 +17,7 @@ from torch import nn
 
 from ..hparams import HParams
 from ..models.base import LossOutput
-from ..optim import build_optimizer, sparse_gradient_modules
+from ..optim import build_optimizer, fused_kernel_available, sparse_gradient_modules
 from ..param_groups import param_groups
 from ..problems.base import Batch
 from .activation_ckpt import set_activation_checkpointing
@@ -59,19 +58,6 @@ def _channels_last_inputs(loss_fn: LossFn) -> LossFn:
     return wrapped
 
 
-def _fused_kernel_fits(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:
-    """torch has a one-kernel (``fused=True``) update for this optimizer class, these dtypes and devices."""
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-    init = getattr(type(optimizer), "__init__", None)
-    try:
-        accepts = init is not None and "fused" in inspect.signature(init).parameters
-    except (TypeError, ValueError):
-        accepts = False
-    devices = _get_fused_kernels_supported_devices()
-    return accepts and bool(params) and all(
-        p.is_floating_point() and p.device.type in devices and not p.is_sparse for p in params)
-
-
 def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool, kernel: bool = False) -> list[str]:
     """Make the optimizer's multi-tensor mode follow ``Strategy.fused_optimizer``; report changes.
 
@@ -85,7 +71,7 @@ def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool, kernel: 
         if not isinstance(group, dict):
             continue
         if fused and kernel and not group.get("fused") and "fused" in group \
-                and _fused_kernel_fits(optimizer, list(group.get("params", []))):
+                and fused_kernel_available(type(optimizer), group.get("params", [])):
             changes.append(f"optimizer: param_group[{i}].fused: {group['fused']} -> True (one-kernel update)")
             group["fused"] = True
         want_foreach = fused and not group.get("fused")

@@ -100,14 +100,12 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
     share = facts.flop_share
     small_ops = facts.ops_per_step > 0 and facts.flops_per_op < SMALL_OP_FLOPS
     if facts.sparse_embeddings == 0:
-        if hw.device == "cpu":     # torch's one-kernel update where it has one (else foreach)
-            out.append(Proposal("fused_optimizer", {"fused_optimizer": True, "fused_kernel": True},
-                                "no sparse gradients -> one-kernel (fused=True) optimizer update where torch "
-                                "has one on CPU, else multi-tensor (foreach)", expected_gain=0.06))
-        else:
-            out.append(Proposal("fused_optimizer", {"fused_optimizer": True},
-                                "no sparse gradients -> multi-tensor (fused/foreach) optimizer update",
-                                expected_gain=0.05))
+        cpu = hw.device == "cpu"     # torch's one-kernel update where it has one (else foreach)
+        out.append(Proposal("fused_optimizer", {"fused_optimizer": True, **({"fused_kernel": True} if cpu else {})},
+                            "no sparse gradients -> " + ("one-kernel (fused=True) optimizer update where torch "
+                                                        "has one on CPU, else multi-tensor (foreach)" if cpu else
+                                                        "multi-tensor (fused/foreach) optimizer update"),
+                            expected_gain=0.06 if cpu else 0.05))
     busy = max(0.0, load - 1.0)             # runnable work besides this process
     if hw.cores > 1 and (small_ops or busy >= hw.cores / 2):
         threads = 1 if small_ops else max(1, hw.cores - round(busy))

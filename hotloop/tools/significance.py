@@ -9,10 +9,11 @@ both stepped, ``r_i = candidate_i / reference_i``. The test is on ``log r_i``:
   ``exp(mean + t(0.90, n-1) * sd / sqrt(n))``.
 
 A round in which either step took more than :data:`OUTLIER_FACTOR` times the median of its
-own contender's steps is left out: such a step measured something else (oneDNN creating
-a convolution primitive for a shape its cache dropped, page faults of freshly allocated
-activations: 3.9 s eager steps among 70 ms ones on ``yolov3_shapes``, 2-core AMD EPYC),
-and one of them in a pair swings the mean of the logs more than every other round together.
+own contender's steps is left out: such a step measured something else than the candidate
+(on a shared machine, another job's burst: with tests running on the same 2 cores, a tuning run
+of ``yolov3_shapes`` had eager steps of 3.7-6.9 s among 70 ms ones; alone, its trial steps
+stayed within 53-75 ms), and one of them in a pair swings the mean of the logs more than
+every other round together.
 
 A candidate is a switch only if the point estimate beats eager by ``min_gain``
 **and** the upper bound is below 1: a gain hidden in noise keeps eager, and a

@@ -71,8 +71,8 @@ def test_too_few_pairs_fall_back_to_medians():
 
 
 def test_rounds_with_a_step_far_above_its_median_are_left_out():
-    """yolov3_shapes' trials (2-core EPYC): a candidate 20% faster in every ordinary round, with
-    multi-second steps (oneDNN primitive creation) on either side in three rounds. Those rounds
+    """yolov3_shapes' trials on a 2-core EPYC shared with a test run: a candidate 20% faster in
+    every ordinary round, with multi-second steps (the other job's bursts) on either side in three rounds. Those rounds
     swing the mean of the logs either way; left out, the gain is a switch."""
     ref = [70.9, 71.5, 215.9, 70.3, 93.7, 71.6, 3876.0, 3658.7]
     cand = [55.4, 52.8, 55.1, 760.6, 71.3, 55.3, 3228.9, 68.0]
