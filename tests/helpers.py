@@ -208,3 +208,13 @@ def briefly_trained(model: nn.Module, batches: list[dict[str, torch.Tensor]], st
         loss.backward()
         optimizer.step()
     return model.eval()
+
+
+class FakeClock:
+    """A clock for simulated trial steps: ``now`` moves only when a test adds seconds to it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -7,9 +7,10 @@
    whose first eager step exceeds it is not tuned (one notice; the default ``Strategy()``);
 2. read the other batches (timing the reader), measure the model (FLOPs, op sizes, layers)
    and time eager, each step only while its estimate fits the budget;
-3. rules propose candidates (:mod:`hotloop.tools.proposals`): all combined,
-   the combination without each one, then each alone; the ones that fit the
-   budget run interleaved with the baseline (:mod:`hotloop.tools.trials`);
+3. rules propose candidates (:mod:`hotloop.tools.proposals`); each one that compiles nothing
+   is timed alone, then the ones that measured faster combined, with each compiling backend
+   on top (:mod:`hotloop.tools.stages`); the ones that fit the budget run interleaved with
+   the baseline (:mod:`hotloop.tools.trials`);
 4. a candidate is chosen only if it beats eager by ``min_gain`` with 90%
    confidence over the rounds where both stepped (:mod:`hotloop.tools.significance`)
    and its loss trajectory matches eager fp32 within the engine's tolerance, or within
@@ -47,10 +48,10 @@ from .compile_prices import compile_price, record_compile
 from .hardware import HardwareInfo, detect_hardware
 from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
-from .proposals import (COMPILE_COSTS, Proposal, ReaderFacts, baseline_strategy, candidate_order, propose,
-                        reduced_precision)
+from .proposals import COMPILE_COSTS, Proposal, ReaderFacts, baseline_strategy, propose, reduced_precision
 from .reader_trial import confirm_workers
 from .significance import compare_paired
+from .stages import run_in_stages
 from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
 from .tune_budget import COMPILE_MAX_SECONDS, DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
@@ -354,10 +355,8 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         compiling = any(p.compile_cost > 0 for p in proposals if p.timed)
         budget = Budget(budget_for(eager_s, max(max_seconds, compile_max_seconds) if compiling else max_seconds))
         budget.start = hard.start
-        ordered = candidate_order([p for p in proposals if p.timed])
-        pending = [Trial(p.label, p.apply(baseline_s), p.rule, compile_cost=p.compile_cost) for p in ordered]
-        trials = runner.run_candidates(pending, baseline, max_trial_steps, budget,
-                                       reserve_steps=2 * PARITY_STEPS)
+        trials = run_in_stages(runner, [p for p in proposals if p.timed], baseline, baseline_s, max_trial_steps,
+                               budget, reserve_steps=2 * PARITY_STEPS)
         skipped = [t.label for t in trials if t.status.startswith("skipped")]
         if skipped:
             log(f"autotune: budget {budget.seconds:.1f}s: skipped {skipped}")

@@ -16,7 +16,7 @@ from ..models.formulation import FormulationOption
 from .hardware import HardwareInfo
 from .model_facts import ModelFacts
 
-__all__ = ["Proposal", "ReaderFacts", "propose", "formulation_proposals", "baseline_strategy", "combine", "candidate_order",
+__all__ = ["Proposal", "ReaderFacts", "propose", "formulation_proposals", "baseline_strategy", "combine",
            "reduced_precision", "SMALL_OP_FLOPS", "HEAVY_SHARE", "CONV_LAYOUT_SHARE", "DATA_BOUND_RATIO"]
 
 SMALL_OP_FLOPS = 2e6      # mean FLOPs per aten op below which dispatch/threading overhead dominates
@@ -76,8 +76,8 @@ def _compile_rules(facts: ModelFacts, available_backends: tuple[str, ...], small
                    planned_seconds: float | None, compile_costs: dict[str, float]) -> list[Proposal]:
     out: list[Proposal] = []
     many_small = facts.ops_per_step >= COMPILE_OPS and small_ops
-    # inductor first: where both are proposed, the combined candidates compile with inductor
-    # (its generated kernels beat the graph backend's replay); graph is then timed alone
+    # inductor first: stage two of the trials (tools/stages.py) puts it on the faster eager settings
+    # first (its generated kernels beat the graph backend's replay)
     for backend, default in sorted(COMPILE_COSTS.items(), key=lambda item: item[0] != "inductor"):
         if backend not in available_backends:
             continue
@@ -144,7 +144,7 @@ def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
 
     An option with bf16 GEMM operands is proposed only where bf16 matmuls run in hardware
     (``hw.fast_bf16``); an option whose changes another proposed option contains is left
-    out (the larger one's leave-one-out candidate times the difference); an option that
+    out (the larger one is timed instead); an option that
     changes the random stream (bits16 dropout masks) is proposed with the tag ``random_stream``:
     the parity guard judges it by its random-stream rule (:mod:`hotloop.engine.parity`).
     ``allow_reduced_precision=False`` leaves out the bf16 options before that, so their fp32
@@ -219,19 +219,3 @@ def combine(proposals: list[Proposal], label: str = "all proposals") -> Proposal
     cost = sum(p.compile_cost for p in proposals if p.label in used)
     tags = tuple(sorted({t for p in proposals if p.label in used for t in p.tags}))
     return Proposal(label, changes, "combined: " + " + ".join(used), compile_cost=cost, tags=tags)
-
-
-def candidate_order(timed: list[Proposal]) -> list[Proposal]:
-    """What to time, most informative first: all proposals combined, then the combination
-    without each one (is that part hurting?), then each proposal alone."""
-    combined = combine(timed)
-    if combined is None:
-        return list(timed)
-    used = combined.rule.removeprefix("combined: ").split(" + ")
-    leave_one_out = []
-    for label in used:
-        rest = combine([p for p in timed if p.label != label and p.label in used], f"all but {label}")
-        if rest is None:                                   # a single proposal is left: it is timed alone
-            continue
-        leave_one_out.append(rest)
-    return [combined] + leave_one_out + list(timed)

@@ -109,6 +109,7 @@ class TrialRunner:
         self.accum = max(1, hp.accum_steps)
         self.step_calls = 0                  # every step run by this runner (the budget test counts these)
         self.round = -1                      # the interleaved round being stepped (-1: none)
+        self.rounds_started = 0              # rounds so far, over every run_candidates call
         self.rng_start = snapshot_rng()       # every candidate's random streams start here
         self.check = check                    # called before every step: raises to stop tuning (a signal)
 
@@ -188,14 +189,15 @@ class TrialRunner:
         Rounds stop early enough to leave ``reserve_steps`` steps for the parity
         check, half priced at the fastest candidate's step and half at the reference's.
         Each round steps every live candidate once; ``reference`` joins while
-        it has fewer measured steps than the most-measured live candidate and
+        it has fewer measured steps in this call's rounds than the most-measured live candidate and
         its step fits the budget after the live candidates' steps up to
-        MIN_MEASURED, so comparisons stay interleaved when affordable. The order rotates every round.
+        MIN_MEASURED, so comparisons stay interleaved when affordable. The order rotates every round;
+        round numbers go on from the previous call's, so a later call's steps pair with its own.
         Candidates never admitted get ``status`` "skipped: ...".
         """
         target = self.warmup + steps
         queue, live, done = list(pending), [], []
-        rounds = 0
+        rounds = first_round = self.rounds_started     # a later call numbers its rounds on
         while True:
             est = self.typical_step([reference] + live + done)
             if est == float("inf") and reference.warmup_times:   # nothing measured: eager's last step
@@ -229,7 +231,7 @@ class TrialRunner:
             most = max(len(t.step_times) for t in live)
             # candidates reaching MIN_MEASURED come first; the reference joins when that still fits
             to_minimum = sum(max(1, self.warmup + MIN_MEASURED - t.steps_run) * t.own_estimate(est) for t in live)
-            interleaved = sum(1 for r in reference.step_rounds if r >= 0)   # its steps that can be paired
+            interleaved = sum(1 for r in reference.step_rounds if r >= first_round)   # pairable, this call
             joins = (reference.status == "ok" and interleaved < max(most, 1) and interleaved < steps
                      and reference.own_estimate(est) + to_minimum <= budget.remaining() - reserve_steps * parity_step)
             members = ([reference] if joins else []) + live
@@ -241,6 +243,7 @@ class TrialRunner:
                     break
                 self.step(trial)
             self.round = -1
+        self.rounds_started = rounds
         for trial in queue:
             trial.status = "skipped: does not fit the tuning budget"
         for trial in live:

@@ -39,18 +39,6 @@ def test_channels_last_is_timed_from_a_third_of_the_flops_in_convs():
     assert "cudnn_benchmark" not in labels(propose(facts({"conv": 0.45, "matmul": 0.55}, conv2d=True), AMPERE))
 
 
-def test_combined_candidates_compile_with_inductor_and_leaving_it_out_stays_eager():
-    from hotloop.tools.proposals import candidate_order
-    conv = facts({"conv": 1.0}, conv2d=True)
-    timed = [p for p in propose(conv, CPU_PLAIN, available_backends=("graph", "inductor"), planned_seconds=1e4)
-             if p.timed]
-    order = candidate_order(timed)
-    assert order[0].changes["backend"] == "inductor" and order[0].changes["channels_last"] is True
-    without = next(p for p in order if p.label == "all but backend=inductor")   # the expert loop's settings
-    assert "backend" not in without.changes and without.changes["channels_last"] is True
-    assert any(p.changes == {"backend": "graph"} for p in order)                 # graph is timed alone
-
-
 def test_matmul_heavy_proposes_bf16_only_on_fast_bf16_hardware():
     mm = facts({"matmul": 0.9, "other": 0.1})
     bf16 = next(p for p in propose(mm, CPU_BF16) if p.label == "bf16")
@@ -138,21 +126,6 @@ def test_measured_structures_drive_the_rules():
                              loss_fn=lambda m, b, s: _Out(nn.functional.cross_entropy(m(b["inputs"]), b["targets"])))
     assert mm_facts.flop_share["matmul"] > 0.9
     assert "bf16" in labels(propose(mm_facts, CPU_BF16))
-
-
-def test_candidate_order_times_the_combination_then_leave_one_out_then_singles():
-    from hotloop.tools.proposals import candidate_order
-    small_mm = facts({"matmul": 0.9, "other": 0.1}, ops=2000, flops=2e8)
-    timed = [p for p in propose(small_mm, CPU_BF16) if p.timed]
-    order = candidate_order(timed)
-    assert order[0].label == "all proposals"
-    loo = [p for p in order if p.label.startswith("all but ")]
-    assert len(loo) == len(timed)
-    for p in loo:
-        dropped = p.label.removeprefix("all but ")
-        dropped_keys = next(q.changes for q in timed if q.label == dropped)
-        assert not all(p.changes.get(k) == v for k, v in dropped_keys.items())
-    assert [p.label for p in order[-len(timed):]] == [p.label for p in timed]
 
 
 def test_shared_cores_propose_fewer_threads_even_for_big_ops():

@@ -2,24 +2,17 @@
 kernel primitives) is a one-time cost, not the price of every later round."""
 from __future__ import annotations
 
+from helpers import FakeClock
 from hotloop.engine.strategy import Strategy
 from hotloop.tools.trials import MIN_MEASURED, Budget, Trial, TrialRunner
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class _SimulatedRunner(TrialRunner):
     """Steps cost simulated seconds on a fake clock: ``first`` for a trial's first step, then ``steady``."""
 
-    def __init__(self, clock: _Clock, first: dict[str, float], steady: float) -> None:
+    def __init__(self, clock: FakeClock, first: dict[str, float], steady: float) -> None:
         self.clock, self.first, self.steady = clock, first, steady
-        self.warmup, self.round, self.step_calls = 2, -1, 0
+        self.warmup, self.round, self.step_calls, self.rounds_started = 2, -1, 0, 0
 
     def prepare(self, trial: Trial) -> bool:
         trial.status, trial.runner = "ok", object()
@@ -36,7 +29,7 @@ class _SimulatedRunner(TrialRunner):
 def test_candidates_with_slow_first_steps_are_all_measured_when_the_steady_rounds_fit() -> None:
     """Six capturing candidates (2.5 s first step, 60 ms after) and five cheap ones, 27 s: the
     first round takes about 15 s, and every later round about 0.7 s, so all of them are timed."""
-    clock = _Clock()
+    clock = FakeClock()
     capturing = [Trial(f"graph {i}", Strategy(backend="graph"), "test", compile_cost=2.0) for i in range(6)]
     cheap = [Trial(f"cheap {i}", Strategy(), "test") for i in range(5)]
     runner = _SimulatedRunner(clock, {t.label: 2.5 for t in capturing}, steady=0.06)
@@ -51,7 +44,7 @@ def test_candidates_with_slow_first_steps_are_all_measured_when_the_steady_round
 
 
 def test_rounds_stop_before_the_budget_when_steady_steps_are_slow() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     slow = [Trial(f"slow {i}", Strategy(), "test") for i in range(3)]
     runner = _SimulatedRunner(clock, {}, steady=1.0)
     reference = Trial("eager", Strategy(), "reference")

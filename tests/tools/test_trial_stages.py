@@ -1,0 +1,108 @@
+"""The two stages of the timed trials: each eager proposal alone, then the faster ones combined
+(with each compiling backend on top), on proposals from the real rules and simulated step times."""
+from __future__ import annotations
+
+from helpers import FakeClock
+from hotloop.engine.strategy import Strategy
+from hotloop.tools.hardware import HardwareInfo
+from hotloop.tools.model_facts import ModelFacts
+from hotloop.tools.proposals import baseline_strategy, propose
+from hotloop.tools.significance import compare_paired
+from hotloop.tools.stages import ALL_FASTER, faster_labels, run_in_stages, stage_one, stage_two
+from hotloop.tools.trials import Budget, Trial, TrialRunner
+
+TWO_CORES = HardwareInfo("cpu", 2, "test cpu", ())
+#: a conv net of many small ops: channels_last, fewer threads, the fused update and both backends
+CONV_NET = ModelFacts("m.M", 1000, {"conv2d": 10}, 0, True, 2e9, 2000, {"conv": 1.0})
+
+
+def conv_proposals():
+    return [p for p in propose(CONV_NET, TWO_CORES, available_backends=("graph", "inductor"),
+                               planned_seconds=1e5) if p.timed]
+
+
+def test_stage_one_times_every_proposal_that_compiles_nothing_alone():
+    timed = conv_proposals()
+    assert {p.label for p in stage_one(timed)} == {"channels_last", "threads=1", "fused_optimizer"}
+    only = [p for p in timed if p.label == "backend=inductor"]
+    assert stage_one(only) == only                      # one proposal: one stage
+
+
+def test_stage_two_combines_only_what_measured_faster_and_puts_each_backend_on_top():
+    timed = conv_proposals()
+    order = stage_two(timed, ["channels_last", "fused_optimizer"])
+    assert [p.label for p in order] == [ALL_FASTER, f"{ALL_FASTER} + backend=inductor",
+                                        f"{ALL_FASTER} + backend=graph", "backend=inductor", "backend=graph"]
+    expert = order[0].changes                           # the expert's eager settings
+    assert expert["channels_last"] and expert["fused_kernel"] and "backend" not in expert
+    assert "intra_op_threads" not in expert
+    assert order[1].changes["backend"] == "inductor" and order[1].changes["channels_last"]
+    assert order[1].compile_cost > 0
+    one = stage_two(timed, ["fused_optimizer"])         # one faster: it was timed alone already
+    assert [p.label for p in one][0] == f"{ALL_FASTER} + backend=inductor"
+    assert "channels_last" not in one[0].changes
+    assert [p.label for p in stage_two(timed, [])] == ["backend=inductor", "backend=graph"]
+
+
+class _SimulatedRunner(TrialRunner):
+    """Step seconds from the Strategy: 100 ms eager, x0.8 channels_last, x0.95 fused update,
+    x1.4 one thread, x0.7 inductor (its first step 5 s); a little alternating jitter."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.warmup, self.round, self.step_calls, self.rounds_started = clock, 2, -1, 0, 0
+
+    def prepare(self, trial: Trial) -> bool:
+        trial.status, trial.runner = "ok", object()
+        return True
+
+    def step(self, trial: Trial) -> float:
+        s = trial.strategy
+        seconds = 0.1 * (0.8 if s.channels_last else 1) * (0.95 if s.fused_optimizer else 1)
+        seconds *= (1.4 if s.intra_op_threads == 1 else 1) * (0.7 if s.backend == "inductor" else 1)
+        seconds *= 1.0 + 0.01 * (self.step_calls % 3)
+        if s.backend == "inductor" and trial.steps_run == 0:
+            seconds = 5.0
+        self.clock.now += seconds
+        self.step_calls += 1
+        self.record(trial, 1.0, seconds)
+        return seconds
+
+
+def _started() -> tuple[FakeClock, _SimulatedRunner, Strategy, Trial]:
+    """A simulated runner whose eager reference has taken its warm-up step."""
+    clock = FakeClock()
+    runner = _SimulatedRunner(clock)
+    base = baseline_strategy()
+    reference = Trial("eager", base, "reference", warmup=1)
+    runner.prepare(reference)
+    runner.step(reference)
+    return clock, runner, base, reference
+
+
+def test_a_slow_setting_alone_stays_out_of_every_combination_and_stage_two_pairs_with_eager():
+    clock, runner, base, reference = _started()
+    timed = [p for p in conv_proposals() if p.label != "backend=graph"]
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(200.0, clock=clock), reserve_steps=6)
+    by_label = {t.label: t for t in trials}
+    assert set(faster_labels(trials, reference)) >= {"channels_last", "fused_optimizer", ALL_FASTER}
+    assert "threads=1" not in faster_labels(trials, reference)
+    expert, compiled = by_label[ALL_FASTER], by_label[f"{ALL_FASTER} + backend=inductor"]
+    for t in (expert, compiled):
+        assert t.strategy.intra_op_threads == 0 and t.strategy.channels_last and t.strategy.fused_optimizer
+        assert t.measured
+        comparison = compare_paired(t.step_times, t.step_rounds, reference.step_times, reference.step_rounds)
+        assert comparison.paired                             # eager stepped in stage two's rounds too
+    first_rounds = {r for t in trials[:3] for r in t.step_rounds}
+    assert min(expert.step_rounds) > max(first_rounds)      # stage two numbers its rounds on
+    ratio = compare_paired(compiled.step_times, compiled.step_rounds, reference.step_times, reference.step_rounds)
+    assert abs(ratio.ratio - 0.8 * 0.95 * 0.7) < 0.03
+    assert by_label["backend=inductor"].strategy == base.replace(backend="inductor")
+
+
+def test_a_stage_two_candidate_already_timed_in_stage_one_is_not_timed_again():
+    clock, runner, base, reference = _started()
+    timed = [p for p in conv_proposals() if p.label in ("channels_last", "backend=inductor")]
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(200.0, clock=clock))
+    strategies = [t.strategy for t in trials]
+    assert len(strategies) == len(set(strategies)) == 3     # channels_last, + inductor, inductor alone
+    assert Strategy() not in strategies
