@@ -180,9 +180,9 @@ class TrialRunner:
         """Admit candidates (in order) that fit the budget and time them interleaved with ``reference``.
 
         A candidate is admitted only when there is room for one probe step priced at the typical measured
-        step (eager's, until candidates are measured) plus the compile cost (and a
-        compiling candidate needs twice its cost plus MIN_MEASURED steps, so a short
-        budget is not spent on one capture),
+        step (eager's, until candidates are measured) plus the compile cost (and, while a cheap
+        candidate waits in the queue, a compiling candidate needs twice its cost plus MIN_MEASURED
+        steps, so a short budget is not spent on one capture),
         on top of the remaining steps of the live candidates priced at their
         own observed times (so a pathologically slow baseline does not starve
         fast candidates, and a slow candidate does not overrun the budget).
@@ -209,10 +209,12 @@ class TrialRunner:
                 need = est + cand.compile_cost
                 if need + unfinished > budget.remaining():   # its first step would pass the budget
                     continue
-                # compiling candidates, together, must leave at least half the budget to the cheap ones
+                # compiling candidates, together, must leave at least half the budget to the cheap
+                # ones still waiting to be admitted (none: a compile may take what is left)
                 compiling = sum(t.compile_cost for t in live if t.steps_run == 0)
-                if cand.compile_cost and 2 * (compiling + cand.compile_cost
-                                              + (target - steps + MIN_MEASURED) * est) > budget.remaining():
+                share = 2 if any(not t.compile_cost for t in queue if t is not cand) else 1
+                if cand.compile_cost and share * (compiling + cand.compile_cost
+                                                  + (target - steps + MIN_MEASURED) * est) > budget.remaining():
                     continue
                 queue.remove(cand)
                 (live if self.prepare(cand) else done).append(cand)

@@ -106,3 +106,13 @@ def test_a_stage_two_candidate_already_timed_in_stage_one_is_not_timed_again():
     strategies = [t.strategy for t in trials]
     assert len(strategies) == len(set(strategies)) == 3     # channels_last, + inductor, inductor alone
     assert Strategy() not in strategies
+
+
+def test_stage_two_admits_a_compile_that_fits_once_no_cheap_candidate_waits():
+    """Stage two's compile (priced 40 s) fits the 60 s left but not twice over: with the faster
+    eager settings already admitted, it is timed (in stage one's queue it would wait)."""
+    clock, runner, base, reference = _started()
+    timed = [p for p in conv_proposals() if p.label in ("channels_last", "fused_optimizer", "backend=inductor")]
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(66.0, clock=clock))
+    compiled = next(t for t in trials if t.label == f"{ALL_FASTER} + backend=inductor")
+    assert compiled.measured, compiled.status
