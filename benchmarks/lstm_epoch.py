@@ -1,24 +1,29 @@
-"""One full PTB epoch of the plain PyTorch loop, then one of ``hotloop train``, on the same config.
+"""One full PTB epoch of the plain PyTorch loop, one of the expert loop, then one of ``hotloop train``.
 
 The plain loop is the PyTorch example's ``word_language_model`` loop (the ladder's rung 0): eager
 fp32, ``zero_grad``, ``clip_grad_norm_``, SGD, ``loss.item()`` every step, batches read
-synchronously. ``hotloop train`` runs as a user runs it, in a child process:
+synchronously. The expert loop is the ladder's ``expert`` row (:func:`lstm_ladder.expert_rung`):
+the plain loop plus bf16 autocast where the CPU has fast bf16, foreach clip + SGD,
+``zero_grad(set_to_none=True)`` and no per-step ``loss.item()``.
+``hotloop train`` runs as a user runs it, in a child process:
 
     hotloop train --problem ptb_lm --model lstm_lm --hparams lstm_lm_example --max-epochs 1 --eval-every 0
 
 Both start from the same seed. Printed and written (``--json``):
 
-- ``plain_tokens_per_s`` / ``hotloop_tokens_per_s``: epoch train tokens / wall seconds. hotloop's
-  wall time is the whole command: start-up, auto's tuning, the epoch and its one evaluation;
-  the plain loop's is its epoch alone, so the ratio does not favour hotloop;
+- ``plain_tokens_per_s`` / ``expert_tokens_per_s`` / ``hotloop_tokens_per_s``: epoch train tokens /
+  wall seconds. hotloop's wall time is the whole command: start-up, auto's tuning, the epoch and
+  its one evaluation; the two loops' is their epoch alone, so the ratios do not favour hotloop;
 - ``hotloop_steady_tokens_per_s``: the median of hotloop's logged train rows (tuning excluded);
-- ``token_rate_ratio`` = hotloop_tokens_per_s / plain_tokens_per_s;
-- ``plain_valid_ppl`` / ``hotloop_valid_ppl`` after the epoch, both computed the same way (fp32,
-  full logits, the whole valid split in the training batch shape; hotloop's from its last
-  checkpoint), and ``ppl_rel_diff``; ``hotloop_logged_valid_ppl`` is the run's own evaluation
-  (at the run's precision).
+- ``token_rate_ratio`` = hotloop_tokens_per_s / plain_tokens_per_s, ``token_rate_vs_expert`` =
+  hotloop_tokens_per_s / expert_tokens_per_s (``steady_vs_expert`` from the logged rows);
+- ``plain_valid_ppl`` / ``expert_valid_ppl`` / ``hotloop_valid_ppl`` after the epoch, all computed
+  the same way (fp32, full logits, the whole valid split in the training batch shape; hotloop's
+  from its last checkpoint), with ``ppl_rel_diff`` (hotloop against plain) and
+  ``ppl_rel_diff_vs_expert``; ``hotloop_logged_valid_ppl`` is the run's own evaluation (at the
+  run's precision); ``expert_settings`` names the expert row.
 
-The two runs are sequential (an epoch cannot be interleaved), in one invocation on a quiet
+The three runs are sequential (an epoch cannot be interleaved), in one invocation on a quiet
 machine; the CPU model, AMX and the thread count are printed.
 
     HOTLOOP_RAW_ROOT=DIR PYTHONPATH=. python benchmarks/lstm_epoch.py [--config example] [--json FILE]
@@ -41,27 +46,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from lstm_ladder import CONFIGS, RungRunner, eval_ppl, ladder_rungs, machine_facts, machine_line  # noqa: E402
+from lstm_ladder import (CONFIGS, Rung, RungRunner, eval_ppl, expert_rung, ladder_rungs, machine_facts,  # noqa: E402
+                         machine_line)
 from hotloop.builtin import declare_builtins  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.registry import problems  # noqa: E402
 from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
 
-__all__ = ["plain_epoch", "hotloop_epoch", "main"]
+__all__ = ["plain_epoch", "expert_epoch", "loop_epoch", "hotloop_epoch", "main"]
 
 
 def plain_epoch(config: str) -> dict[str, Any]:
     """Train one epoch with the plain loop; valid ppl over the whole valid split."""
+    return loop_epoch(config, ladder_rungs(torch.get_num_threads(), None, False)[0])
+
+
+def expert_epoch(config: str) -> dict[str, Any]:
+    """Train one epoch with the expert loop; valid ppl over the whole valid split."""
+    return loop_epoch(config, expert_rung())
+
+
+def loop_epoch(config: str, rung: Rung) -> dict[str, Any]:
+    """Train one epoch with one of the ladder's hand-written loops (``rung``), from the config's seed."""
     declare_builtins()
     hp = get_hparams(CONFIGS[config])
     problem = problems.get("ptb_lm")()
     problem.prepare()
-    runner = RungRunner(ladder_rungs(torch.get_num_threads(), None, False)[0], hp, problem,
-                        torch.get_num_threads())
+    runner = RungRunner(rung, hp, problem, torch.get_num_threads())
     steps = len(problem.reader("train", hp))
     seconds = runner.run(steps)
     valid = list(problem.reader("valid", hp))
-    return {"steps": steps, "tokens": runner.tokens, "seconds": seconds,
+    return {"name": rung.name, "steps": steps, "tokens": runner.tokens, "seconds": seconds,
             "tokens_per_s": runner.tokens / seconds, "valid_ppl": eval_ppl(runner.model, valid)}
 
 
@@ -103,21 +118,32 @@ def main(argv: list[str] | None = None) -> int:
     plain = plain_epoch(args.config)
     print(f"plain loop: {plain['steps']} steps in {plain['seconds']:.1f} s, {plain['tokens_per_s']:.0f} tok/s, "
           f"valid ppl {plain['valid_ppl']:.2f}", flush=True)
+    expert = expert_epoch(args.config)
+    print(f"expert loop: {expert['steps']} steps in {expert['seconds']:.1f} s, {expert['tokens_per_s']:.0f} tok/s, "
+          f"valid ppl {expert['valid_ppl']:.2f} ({expert['name']})", flush=True)
     fast = hotloop_epoch(args.config, plain["tokens"])
     steady = fast["steady_tokens_per_s"]
     print(f"hotloop train: {fast['seconds']:.1f} s for the whole command, {fast['tokens_per_s']:.0f} tok/s "
           f"({steady:.0f} tok/s in its logged rows), valid ppl {fast['valid_ppl']:.2f}; auto chose {fast['strategy']}")
     result = {"config": args.config, **facts, "threads": torch.get_num_threads(),
               "plain_tokens_per_s": plain["tokens_per_s"], "plain_seconds": plain["seconds"],
-              "plain_valid_ppl": plain["valid_ppl"], "hotloop_command": fast["command"],
+              "plain_valid_ppl": plain["valid_ppl"], "expert_settings": expert["name"],
+              "expert_tokens_per_s": expert["tokens_per_s"], "expert_seconds": expert["seconds"],
+              "expert_valid_ppl": expert["valid_ppl"], "hotloop_command": fast["command"],
               "hotloop_seconds": fast["seconds"], "hotloop_tokens_per_s": fast["tokens_per_s"],
               "hotloop_steady_tokens_per_s": steady, "hotloop_valid_ppl": fast["valid_ppl"],
               "hotloop_logged_valid_ppl": fast["logged_valid_ppl"], "hotloop_strategy": fast["strategy"],
               "token_rate_ratio": fast["tokens_per_s"] / plain["tokens_per_s"],
-              "ppl_rel_diff": abs(fast["valid_ppl"] - plain["valid_ppl"]) / plain["valid_ppl"]}
+              "token_rate_vs_expert": fast["tokens_per_s"] / expert["tokens_per_s"],
+              "steady_vs_expert": steady / expert["tokens_per_s"],
+              "ppl_rel_diff": abs(fast["valid_ppl"] - plain["valid_ppl"]) / plain["valid_ppl"],
+              "ppl_rel_diff_vs_expert": abs(fast["valid_ppl"] - expert["valid_ppl"]) / expert["valid_ppl"]}
     print(f"token-rate ratio {result['token_rate_ratio']:.2f}x (whole command) / "
           f"{steady / plain['tokens_per_s']:.2f}x (logged rows); valid ppl {plain['valid_ppl']:.2f} vs "
           f"{fast['valid_ppl']:.2f} ({result['ppl_rel_diff']:.2%})")
+    print(f"against the expert loop: {result['token_rate_vs_expert']:.2f}x (whole command) / "
+          f"{result['steady_vs_expert']:.2f}x (logged rows); valid ppl {expert['valid_ppl']:.2f} vs "
+          f"{fast['valid_ppl']:.2f} ({result['ppl_rel_diff_vs_expert']:.2%})")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -63,7 +63,7 @@ class Rung:
 
     name: str
     threads: int = 0                  # 0 = torch's default intra-op threads
-    sync_every_step: bool = True      # loss.item() after every step
+    sync_every_step: bool = True      # loss.item() after every step (False: every LOSS_READ_EVERY steps)
     grads_to_none: bool = False       # zero_grad(set_to_none=True) instead of zero-filling
     foreach: bool = False             # multi-tensor clip + SGD update
     prefetch: bool = False            # hotloop.data.prefetch producer thread
@@ -79,6 +79,10 @@ class Rung:
 
 
 EXPERT_PREFIX = "expert "
+#: a loop without the per-step sync reads its pending losses this often (hotloop's ``sync_every``);
+#: holding a whole epoch's detached losses grew the expert loop's heap by about one logits
+#: buffer per step under glibc's default malloc settings (24 GB, killed, in lstm_lm_example)
+LOSS_READ_EVERY = 50
 
 
 def expert_rung() -> Rung:
@@ -93,7 +97,7 @@ def ladder_rungs(threads: int, default_strategy: Strategy | None, with_compile: 
                  extra_strategy: Strategy | None = None) -> list[Rung]:
     r0 = Rung("0 baseline (plain PyTorch loop)")
     r1 = replace(r0, name=f"1 threads (intra-op {threads})", threads=threads)
-    r2 = replace(r1, name="2 no per-step host sync (read once per round)", sync_every_step=False)
+    r2 = replace(r1, name=f"2 no per-step host sync (read every {LOSS_READ_EVERY} steps)", sync_every_step=False)
     r3 = replace(r2, name="3 memory reuse (grads set_to_none)", grads_to_none=True)
     r4 = replace(r3, name="4 fused optimizer (foreach clip+SGD)", foreach=True)
     r5 = replace(r4, name="5 async reader (prefetch)", prefetch=True)
@@ -226,6 +230,8 @@ class RungRunner:
             self.nll += nll.item()
         else:
             self.pending.append(nll.detach())
+            if len(self.pending) >= LOSS_READ_EVERY:
+                self.sync()
 
     def run(self, steps: int) -> float:
         torch.set_num_threads(self.threads)
