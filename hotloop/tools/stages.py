@@ -8,7 +8,8 @@ A proposal that measured slower alone never enters a combination, so one slow se
 count, a layout the model does not like) cannot hide the gain of the others, and the expert's
 eager settings (``all faster``) are always timed before any compile is paid for.
 
-With one timed proposal, or none that compiles nothing, there is one stage.
+With one timed proposal there is one stage; with none that compiles nothing, stage one times
+the backends alone and stage two has nothing left to time.
 """
 from __future__ import annotations
 
@@ -62,9 +63,8 @@ def run_in_stages(runner: TrialRunner, timed: Sequence[Proposal], reference: Tri
     def trials_of(proposals: Sequence[Proposal]) -> list[Trial]:
         return [Trial(p.label, p.apply(base), p.rule, compile_cost=p.compile_cost) for p in proposals]
 
-    first = stage_one(timed)
-    done = runner.run_candidates(trials_of(first), reference, steps, budget, reserve_steps=reserve_steps)
-    if len(first) == len(timed):
+    done = runner.run_candidates(trials_of(stage_one(timed)), reference, steps, budget, reserve_steps=reserve_steps)
+    if len(timed) < 2:
         return done
     seen = {t.strategy for t in done} | {reference.strategy}
     second = [t for t in trials_of(stage_two(timed, faster_labels(done, reference))) if t.strategy not in seen]

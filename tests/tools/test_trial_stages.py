@@ -116,3 +116,11 @@ def test_stage_two_admits_a_compile_that_fits_once_no_cheap_candidate_waits():
     trials = run_in_stages(runner, timed, reference, base, 10, Budget(66.0, clock=clock))
     compiled = next(t for t in trials if t.label == f"{ALL_FASTER} + backend=inductor")
     assert compiled.measured, compiled.status
+
+
+def test_without_a_compiling_proposal_the_faster_ones_are_still_combined():
+    clock, runner, base, reference = _started()
+    timed = [p for p in conv_proposals() if p.compile_cost == 0]
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(60.0, clock=clock))
+    expert = next(t for t in trials if t.label == ALL_FASTER)
+    assert expert.measured and expert.strategy.channels_last and expert.strategy.fused_optimizer
