@@ -53,6 +53,11 @@ from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.registry import problems  # noqa: E402
 from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
 
+#: the fields of auto's choice the JSON keeps (its execution settings and the LSTM's formulation)
+STRATEGY_KEYS = ("precision", "fused_optimizer", "fused_kernel", "backend", "intra_op_threads", "prefetch",
+                 "num_workers", "fused_ce", "ce_gemm_dtype", "lstm_impl", "lstm_gemm_dtype", "dropout_masks",
+                 "clip_via_lr")
+
 __all__ = ["plain_epoch", "expert_epoch", "loop_epoch", "hotloop_epoch", "main"]
 
 
@@ -104,8 +109,7 @@ def hotloop_epoch(config: str, tokens: int) -> dict[str, Any]:
     return {"command": " ".join(["hotloop"] + command[3:-2]), "seconds": seconds, "tokens_per_s": tokens / seconds,
             "steady_tokens_per_s": statistics.median(r["tokens_per_s"] for r in train) if train else None,
             "valid_ppl": fp32_ppl, "logged_valid_ppl": valid[-1]["ppl"] if valid else None,
-            "strategy": {k: v for k, v in strategy.items() if k in ("precision", "fused_optimizer", "backend",
-                                                                   "intra_op_threads", "prefetch", "num_workers")}}
+            "strategy": {k: v for k, v in strategy.items() if k in STRATEGY_KEYS}}
 
 
 def main(argv: list[str] | None = None) -> int:
