@@ -34,7 +34,8 @@ def child(config: str, steps: int, warmup: int, strategy: str) -> dict[str, floa
     from hotloop.engine.strategy import Strategy
     from hotloop.hparams import get_hparams
     from hotloop.registry import problems
-    from lstm_ladder import CONFIGS, Rung, RungRunner
+    from lstm_ladder import CONFIGS, RungRunner
+    from lstm_rungs import Rung
     declare_builtins()
     hp = get_hparams(CONFIGS[config])
     problem = problems.get("ptb_lm")()

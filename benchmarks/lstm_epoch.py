@@ -2,7 +2,7 @@
 
 The plain loop is the PyTorch example's ``word_language_model`` loop (the ladder's rung 0): eager
 fp32, ``zero_grad``, ``clip_grad_norm_``, SGD, ``loss.item()`` every step, batches read
-synchronously. The expert loop is the ladder's ``expert`` row (:func:`lstm_ladder.expert_rung`):
+synchronously. The expert loop is the ladder's ``expert`` row (:func:`lstm_rungs.expert_rung`):
 the plain loop plus bf16 autocast where the CPU has fast bf16, foreach clip + SGD,
 ``zero_grad(set_to_none=True)`` and no per-step ``loss.item()``.
 ``hotloop train`` runs as a user runs it, in a child process:
@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from lstm_ladder import (CONFIGS, Rung, RungRunner, eval_ppl, expert_rung, ladder_rungs, machine_facts,  # noqa: E402
-                         machine_line)
+from lstm_ladder import CONFIGS, RungRunner, eval_ppl, machine_facts, machine_line  # noqa: E402
+from lstm_rungs import Rung, expert_rung, ladder_rungs  # noqa: E402
 from hotloop.builtin import declare_builtins  # noqa: E402
 from hotloop.hparams import get_hparams  # noqa: E402
 from hotloop.registry import problems  # noqa: E402

@@ -192,15 +192,15 @@ def test_zoo_smoke_run_writes_every_key(tmp_path, monkeypatch):
 
 
 def test_ladder_expert_rung_is_the_plain_loop_with_the_expert_lines(monkeypatch):
-    import lstm_ladder
+    import lstm_rungs
     from hotloop.engine.strategy import Strategy
     for precision in ("fp32", "bf16"):
-        monkeypatch.setattr(lstm_ladder, "expert_precision", lambda device, _p=precision: _p)
-        rung = lstm_ladder.expert_rung()
-        assert rung.name.startswith(lstm_ladder.EXPERT_PREFIX) and precision in rung.name
+        monkeypatch.setattr(lstm_rungs, "expert_precision", lambda device, _p=precision: _p)
+        rung = lstm_rungs.expert_rung()
+        assert rung.name.startswith(lstm_rungs.EXPERT_PREFIX) and precision in rung.name
         assert (rung.precision, rung.foreach, rung.grads_to_none, rung.sync_every_step) == (precision, True, True, False)
         assert not (rung.fused_kernel_ce or rung.model_loss or rung.formulation or rung.prefetch or rung.cumulative)
         assert rung.threads == 0 and rung.strategy is None                   # torch's threads, no hotloop
-    rungs = lstm_ladder.ladder_rungs(2, Strategy(), with_compile=False)
-    assert sum(r.name.startswith(lstm_ladder.EXPERT_PREFIX) for r in rungs) == 1
+    rungs = lstm_rungs.ladder_rungs(2, Strategy(), with_compile=False)
+    assert sum(r.name.startswith(lstm_rungs.EXPERT_PREFIX) for r in rungs) == 1
     assert rungs[-1].name.startswith("hotloop")                             # the summary reads the last row
