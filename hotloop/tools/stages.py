@@ -3,7 +3,8 @@
 Stage one times every proposal that compiles nothing (``compile_cost == 0``) alone, interleaved
 with the eager reference. Stage two combines the ones whose paired ratio to eager came out
 below 1 (:func:`faster_labels`): that combination (``all faster``), then each compiling
-backend on top of it (``all faster + backend=...``, inductor first), then each backend alone.
+backend on top of it (``all faster + backend=...``, in the rules' order: inductor first), then
+each backend alone.
 A proposal that measured slower alone never enters a combination, so one slow setting (a thread
 count, a layout the model does not like) cannot hide the gain of the others, and the expert's
 eager settings (``all faster``) are always timed before any compile is paid for.
@@ -34,7 +35,7 @@ def stage_one(timed: Sequence[Proposal]) -> list[Proposal]:
 def stage_two(timed: Sequence[Proposal], faster: Sequence[str]) -> list[Proposal]:
     """After stage one: the faster eager proposals combined, each backend on top, each backend alone."""
     eager = [p for p in timed if p.compile_cost == 0 and p.label in faster]
-    compiling = sorted((p for p in timed if p.compile_cost > 0), key=lambda p: p.changes.get("backend") != "inductor")
+    compiling = [p for p in timed if p.compile_cost > 0]      # in the rules' order: inductor first
     out = [c for c in [combine(eager, ALL_FASTER)] if c is not None]
     for backend in compiling:
         on_top = combine([backend] + eager, f"{ALL_FASTER} + {backend.label}")
