@@ -4,7 +4,8 @@ Stage one times every proposal that compiles nothing (``compile_cost == 0``) alo
 with the eager reference. Stage two combines the ones whose paired ratio to eager came out
 below 1 (:func:`faster_labels`): that combination (``all faster``), then each compiling
 backend on top of it (``all faster + backend=...``, in the rules' order: inductor first), then
-each backend alone.
+each backend alone. The combination is timed to the end, in rounds of its own, before the first
+compile starts, so a compile that takes longer than its price cannot leave it unmeasured.
 A proposal that measured slower alone never enters a combination, so one slow setting (a thread
 count, a layout the model does not like) cannot hide the gain of the others, and the expert's
 eager settings (``all faster``) are always timed before any compile is paid for.
@@ -69,4 +70,9 @@ def run_in_stages(runner: TrialRunner, timed: Sequence[Proposal], reference: Tri
         return done
     seen = {t.strategy for t in done} | {reference.strategy}
     second = [t for t in trials_of(stage_two(timed, faster_labels(done, reference))) if t.strategy not in seen]
-    return done + runner.run_candidates(second, reference, steps, budget, reserve_steps=reserve_steps)
+    # the eager combination is timed to the end before any compile starts: a compile that runs
+    # past its price would otherwise take the rounds the combination needs
+    for part in ([t for t in second if t.compile_cost == 0], [t for t in second if t.compile_cost > 0]):
+        if part:
+            done += runner.run_candidates(part, reference, steps, budget, reserve_steps=reserve_steps)
+    return done

@@ -46,10 +46,11 @@ def test_stage_two_combines_only_what_measured_faster_and_puts_each_backend_on_t
 
 class _SimulatedRunner(TrialRunner):
     """Step seconds from the Strategy: 100 ms eager, x0.8 channels_last, x0.95 fused update,
-    x1.4 one thread, x0.7 inductor (its first step 5 s); a little alternating jitter."""
+    x1.4 one thread, x0.7 inductor (its first step ``compile_seconds``, 5 s); a little alternating jitter."""
 
-    def __init__(self, clock: FakeClock) -> None:
+    def __init__(self, clock: FakeClock, compile_seconds: float = 5.0) -> None:
         self.clock, self.warmup, self.round, self.step_calls, self.rounds_started = clock, 2, -1, 0, 0
+        self.compile_seconds = compile_seconds
 
     def prepare(self, trial: Trial) -> bool:
         trial.status, trial.runner = "ok", object()
@@ -61,17 +62,17 @@ class _SimulatedRunner(TrialRunner):
         seconds *= (1.4 if s.intra_op_threads == 1 else 1) * (0.7 if s.backend == "inductor" else 1)
         seconds *= 1.0 + 0.01 * (self.step_calls % 3)
         if s.backend == "inductor" and trial.steps_run == 0:
-            seconds = 5.0
+            seconds = self.compile_seconds
         self.clock.now += seconds
         self.step_calls += 1
         self.record(trial, 1.0, seconds)
         return seconds
 
 
-def _started() -> tuple[FakeClock, _SimulatedRunner, Strategy, Trial]:
+def _started(compile_seconds: float = 5.0) -> tuple[FakeClock, _SimulatedRunner, Strategy, Trial]:
     """A simulated runner whose eager reference has taken its warm-up step."""
     clock = FakeClock()
-    runner = _SimulatedRunner(clock)
+    runner = _SimulatedRunner(clock, compile_seconds)
     base = baseline_strategy()
     reference = Trial("eager", base, "reference", warmup=1)
     runner.prepare(reference)
@@ -124,3 +125,18 @@ def test_without_a_compiling_proposal_the_faster_ones_are_still_combined():
     trials = run_in_stages(runner, timed, reference, base, 10, Budget(60.0, clock=clock))
     expert = next(t for t in trials if t.label == ALL_FASTER)
     assert expert.measured and expert.strategy.channels_last and expert.strategy.fused_optimizer
+
+
+def test_the_eager_combination_is_measured_before_a_compile_that_overruns_its_price():
+    """The compile is priced 40 s but takes 90 s, more than the budget has left: the faster eager
+    settings combined are still timed to the end (their rounds come before the compile's)."""
+    clock, runner, base, reference = _started(compile_seconds=90.0)
+    timed = [p for p in conv_proposals() if p.label in ("channels_last", "fused_optimizer", "backend=inductor")]
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(120.0, clock=clock))
+    by_label = {t.label: t for t in trials}
+    expert = by_label[ALL_FASTER]
+    assert expert.measured and len(expert.step_times) >= 8, expert.status
+    compiled = by_label[f"{ALL_FASTER} + backend=inductor"]
+    assert min(compiled.step_rounds or [10**6]) > max(expert.step_rounds)
+    ratio = compare_paired(expert.step_times, expert.step_rounds, reference.step_times, reference.step_rounds)
+    assert abs(ratio.ratio - 0.8 * 0.95) < 0.03
