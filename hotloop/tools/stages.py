@@ -7,8 +7,7 @@ backend on top of it (``all faster + backend=...``, in the rules' order: inducto
 each backend alone. The combination is timed to the end, in rounds of its own, before the first
 compile starts, so a compile that takes longer than its price cannot leave it unmeasured.
 A proposal that measured slower alone never enters a combination, so one slow setting (a thread
-count, a layout the model does not like) cannot hide the gain of the others, and the expert's
-eager settings (``all faster``) are always timed before any compile is paid for.
+count, a layout the model does not like) cannot hide the gain of the others.
 
 With one timed proposal there is one stage; with none that compiles nothing, stage one times
 the backends alone and stage two has nothing left to time.

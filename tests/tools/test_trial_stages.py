@@ -137,6 +137,7 @@ def test_the_eager_combination_is_measured_before_a_compile_that_overruns_its_pr
     expert = by_label[ALL_FASTER]
     assert expert.measured and len(expert.step_times) >= 8, expert.status
     compiled = by_label[f"{ALL_FASTER} + backend=inductor"]
-    assert min(compiled.step_rounds or [10**6]) > max(expert.step_rounds)
+    assert all(r > max(expert.step_rounds) for r in compiled.step_rounds)   # none, when it does not fit
+    assert compiled.status != "ok" or compiled.step_rounds
     ratio = compare_paired(expert.step_times, expert.step_rounds, reference.step_times, reference.step_rounds)
     assert abs(ratio.ratio - 0.8 * 0.95) < 0.03
