@@ -13,8 +13,9 @@
    the baseline (:mod:`hotloop.tools.trials`);
 4. a candidate is chosen only if it beats eager by ``min_gain`` with 90%
    confidence over the rounds where both stepped (:mod:`hotloop.tools.significance`)
-   and its loss trajectory matches eager fp32 within the engine's tolerance, or within
-   a multiple of the model's own chaos floor (:mod:`hotloop.tools.trajectory`)
+   (judged fastest first, a wider candidate within noise of a faster one before it:
+   :mod:`hotloop.tools.ranking`) and its loss trajectory matches eager fp32 within the
+   engine's tolerance, or within a multiple of the model's own chaos floor (:mod:`hotloop.tools.trajectory`)
    (trial trajectories, then :func:`hotloop.engine.parity.check_parity`, which also
    compares the parameter updates; a candidate drawing other random numbers, bits16
    dropout masks, is judged by check_parity's random-stream rule alone);
@@ -50,7 +51,8 @@ from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
 from .proposals import COMPILE_COSTS, Proposal, ReaderFacts, baseline_strategy, propose, reduced_precision
 from .reader_trial import confirm_workers
-from .significance import compare_paired
+from .ranking import judging_order
+from .significance import Comparison, compare_paired
 from .stages import run_in_stages
 from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
@@ -207,11 +209,11 @@ def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], t
 
 def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain: float
             ) -> Trial:
-    """The fastest candidate that is significantly faster than eager (see
-    :mod:`hotloop.tools.significance`) and passes both parity checks; else eager.
+    """The first candidate, in :func:`~hotloop.tools.ranking.judging_order`, that is significantly
+    faster than eager (see :mod:`hotloop.tools.significance`) and passes both parity checks; else eager.
 
-    Candidates are judged fastest first and judging stops at the first that passes: a
-    slower candidate never costs a chaos floor or a parity check (steps past the budget)."""
+    Judging goes fastest first (a wider candidate within noise of a faster one before it) and
+    stops at the first that passes: a later candidate never costs a chaos floor or a parity check."""
     baseline.parity = "reference"
     floors: dict[tuple[int, str], float] = {}
 
@@ -224,7 +226,8 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
             return floors[steps, precision]
         return floor
 
-    faster: list[tuple[float, Trial, float]] = []       # (time ratio, candidate, its tolerance)
+    faster: list[tuple[Comparison, Trial]] = []
+    tolerances: dict[int, float] = {}
     for t in trials:
         if not t.measured or t is baseline:
             continue
@@ -232,13 +235,15 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
         t.comparison = comparison.describe()
         tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
         if len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain):
-            faster.append((comparison.ratio, t, tol))
-            t.parity = "not judged: a faster candidate passed"
+            faster.append((comparison, t))
+            tolerances[id(t)] = tol
+            t.parity = "not judged: one judged before it passed"
         elif changes_random_stream(t.strategy):
             t.parity = "not judged: not faster (other random stream)"
         else:   # not a switch on time: the plain tolerance is reported, no floor is measured
             t.parity = judge_trajectory(t, baseline, tol, None)[1]
-    for _, t, tol in sorted(faster, key=lambda entry: entry[0]):
+    for t in judging_order(faster, baseline.strategy):
+        tol = tolerances[id(t)]
         if changes_random_stream(t.strategy):   # other draws: only check_parity's rule can judge it
             ok, t.parity = True, "trajectory not compared (other random stream)"
         else:

@@ -28,7 +28,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["MIN_PAIRS", "OUTLIER_FACTOR", "Comparison", "compare_paired", "t_quantile_90"]
+__all__ = ["MIN_PAIRS", "OUTLIER_FACTOR", "Comparison", "compare_paired", "t_quantile_90",
+           "significantly_slower"]
 
 MIN_PAIRS = 3
 #: a step above this multiple of its contender's median step leaves its round out of the comparison
@@ -54,6 +55,7 @@ class Comparison:
     ratio: float            # < 1: the candidate is faster
     upper: float            # one-sided 90% upper bound of the ratio (= ratio when compared by medians)
     pairs: int              # rounds where both stepped
+    log_se: float = 0.0     # standard error of mean(log r) (0 when compared by medians)
 
     @property
     def paired(self) -> bool:
@@ -87,4 +89,19 @@ def compare_paired(candidate: Sequence[float], candidate_rounds: Sequence[int],
         return Comparison(ratio, ratio, len(logs))
     mean = statistics.fmean(logs)
     spread = statistics.stdev(logs) / math.sqrt(len(logs))
-    return Comparison(math.exp(mean), math.exp(mean + t_quantile_90(len(logs) - 1) * spread), len(logs))
+    return Comparison(math.exp(mean), math.exp(mean + t_quantile_90(len(logs) - 1) * spread), len(logs), spread)
+
+
+def significantly_slower(a: Comparison, b: Comparison) -> bool:
+    """Is the candidate behind ``a`` slower than the one behind ``b``, with 90% confidence?
+
+    Both are ratios to the same reference, possibly from different rounds, so the test is
+    unpaired: ``d = log a.ratio - log b.ratio`` with standard error ``sqrt(a.log_se² + b.log_se²)``;
+    slower when ``d - t(0.90, df) * se > 0`` (``df``: the fewer pairs less one). Two median-only
+    comparisons (no standard error) are slower when ``d > 0``."""
+    if not (math.isfinite(a.ratio) and math.isfinite(b.ratio)):
+        return a.ratio > b.ratio
+    d = math.log(a.ratio) - math.log(b.ratio)
+    se = math.hypot(a.log_se, b.log_se)
+    df = min(a.pairs, b.pairs) - 1
+    return d - (t_quantile_90(df) * se if se > 0 and df >= 1 else 0.0) > 0
