@@ -39,8 +39,7 @@ def holds(wider: Trial, narrower: Trial, base: Strategy) -> bool:
     nothing that ``narrower`` does not?"""
     inner = changed_fields(narrower.strategy, base)
     outer = changed_fields(wider.strategy, base)
-    return (len(outer) > len(inner) and all(outer.get(k, getattr(base, k)) == v for k, v in inner.items())
-            and wider.compile_cost <= narrower.compile_cost)
+    return inner.items() < outer.items() and wider.compile_cost <= narrower.compile_cost
 
 
 def judging_order(candidates: Sequence[tuple[Comparison, Trial]], base: Strategy) -> list[Trial]:
@@ -50,7 +49,7 @@ def judging_order(candidates: Sequence[tuple[Comparison, Trial]], base: Strategy
     while remaining:
         pick = remaining[0]
         while True:        # each move adds a setting, so the climb ends
-            wider = [c for c in remaining if holds(c[1], pick[1], base)
+            wider = [c for c in remaining if c is not pick and holds(c[1], pick[1], base)
                      and not significantly_slower(c[0], pick[0])]
             if not wider:
                 break
