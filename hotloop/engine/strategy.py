@@ -79,6 +79,11 @@ class Strategy:
     def replace(self, **changes: Any) -> "Strategy":
         return dataclasses.replace(self, **changes)
 
+    def changes_from(self, base: "Strategy") -> dict[str, Any]:
+        """The fields where this Strategy differs from ``base``, with this one's values."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(base, f.name)}
+
     @staticmethod
     def parse_overrides(text: str | None) -> dict[str, Any]:
         """``"k=v,k=v"`` -> typed field changes; unknown fields and bad values raise StrategyError."""

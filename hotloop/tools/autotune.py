@@ -227,7 +227,6 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
         return floor
 
     faster: list[tuple[Comparison, Trial]] = []
-    tolerances: dict[int, float] = {}
     for t in trials:
         if not t.measured or t is baseline:
             continue
@@ -236,14 +235,13 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
         tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
         if len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain):
             faster.append((comparison, t))
-            tolerances[id(t)] = tol
             t.parity = "not judged: one judged before it passed"
         elif changes_random_stream(t.strategy):
             t.parity = "not judged: not faster (other random stream)"
         else:   # not a switch on time: the plain tolerance is reported, no floor is measured
             t.parity = judge_trajectory(t, baseline, tol, None)[1]
     for t in judging_order(faster, baseline.strategy):
-        tol = tolerances[id(t)]
+        tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
         if changes_random_stream(t.strategy):   # other draws: only check_parity's rule can judge it
             ok, t.parity = True, "trajectory not compared (other random stream)"
         else:

@@ -15,8 +15,7 @@ __all__ = ["TuneReport", "strategy_diff"]
 
 def strategy_diff(strategy: Strategy, base: Strategy) -> str:
     """``"k=v, ..."`` of the fields where ``strategy`` differs from ``base``."""
-    a, b = strategy.to_dict(), base.to_dict()
-    return ", ".join(f"{k}={a[k]}" for k in a if a[k] != b[k]) or "(same)"
+    return ", ".join(f"{k}={v}" for k, v in strategy.changes_from(base).items()) or "(same)"
 
 
 @dataclass

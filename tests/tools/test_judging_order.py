@@ -10,7 +10,7 @@ import torch
 from hotloop.hparams import HParams
 from hotloop.tools import autotune
 from hotloop.tools.proposals import baseline_strategy
-from hotloop.tools.ranking import changed_fields, holds, judging_order
+from hotloop.tools.ranking import holds, judging_order
 from hotloop.tools.significance import Comparison, compare_paired, significantly_slower
 from hotloop.tools.trials import Trial
 
@@ -55,7 +55,7 @@ def test_slower_needs_the_gap_to_exceed_both_noises():
 
 def test_wider_means_every_setting_kept_and_no_new_compile():
     _, alone, wide = _drifting_stages()
-    assert changed_fields(alone.strategy, BASE) == {"precision": "bf16"}
+    assert alone.strategy.changes_from(BASE) == {"precision": "bf16"}
     assert holds(wide, alone, BASE) and not holds(alone, wide, BASE)
     other = _trial("fp16 + cl", [], [], precision="fp16", channels_last=True)
     assert not holds(other, alone, BASE)                               # a field set differently
