@@ -35,7 +35,11 @@ the smallest batch of each model, one timed block of two steps, a short tuning c
 JSON: ``{"rows": [{"model", "batch", "input_size", "plain_samples_per_s", "expert_samples_per_s",
 "hotloop_samples_per_s", "speedup" (= "speedup_vs_naive"), "speedup_vs_expert", "settings",
 "plain_loss", "expert_loss", "hotloop_loss", "mfu", ...}], "geomean_speedup" (= "geomean_vs_naive"),
-"geomean_vs_expert", "precision", "cpu_flags", "machine"}``.
+"geomean_vs_expert", "precision", "cpu_flags", "machine"}``. Per row, ``vs_naive_paired`` and
+``vs_expert_paired`` pair the contenders' blocks round by round (:func:`paired_speedup`): the
+geometric mean of the per-round ratios, its 80% interval and a verdict (hotloop "faster",
+"slower" or "tie" with 90% confidence); ``verdicts_vs_expert`` / ``verdicts_vs_naive`` list the
+models by verdict.
 """
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ from hotloop.problems.base import open_reader  # noqa: E402
 from hotloop.tools.hardware import HardwareInfo, detect_hardware, gemm_peak, machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
 from hotloop.tools.model_facts import analyze_model  # noqa: E402
+from hotloop.tools.significance import compare_paired, t_quantile_90  # noqa: E402
 from hotloop.compose.build import build_run  # noqa: E402
 from hotloop.data import to_device  # noqa: E402
 from hotloop.train.feeding import DataFeeder  # noqa: E402
@@ -177,6 +182,21 @@ def cpu_flags(hw: HardwareInfo) -> dict[str, Any]:
             "cpu_model": hw.cpu_model, **({"gpu": hw.cuda_name} if hw.device == "cuda" else {})}
 
 
+def paired_speedup(reference: list[float], contender: list[float]) -> dict[str, Any]:
+    """``reference`` block time / ``contender``'s, paired by round (one block each per round, so a
+    round's load hits both): the geometric mean of the per-round ratios, its two-sided 80% interval
+    (each bound a one-sided 90% bound) and the verdict "faster" (the contender, with 90% confidence),
+    "slower" or "tie"; "unpaired" with fewer than three rounds."""
+    rounds = list(range(min(len(reference), len(contender))))
+    c = compare_paired(contender[:len(rounds)], rounds, reference[:len(rounds)], rounds)
+    if not c.paired:
+        return {"paired": None, "interval90": None, "verdict": "unpaired", "pairs": c.pairs}
+    half = t_quantile_90(c.pairs - 1) * c.log_se
+    low, high = 1 / (c.ratio * math.exp(half)), 1 / (c.ratio * math.exp(-half))
+    verdict = "faster" if low > 1 else "slower" if high < 1 else "tie"
+    return {"paired": 1 / c.ratio, "interval90": [low, high], "verdict": verdict, "pairs": c.pairs}
+
+
 def _last_block(losses: list[float], block: int) -> float:
     return statistics.mean(losses[-block:])
 
@@ -232,7 +252,9 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         "input_size": _input_size(first),
         **{f"{key}_samples_per_s": rows / s for key, s in sec.items()},
         "speedup": sec["plain"] / sec["hotloop"], "speedup_vs_naive": sec["plain"] / sec["hotloop"],
-        "speedup_vs_expert": sec["expert"] / sec["hotloop"], "expert_vs_naive": sec["plain"] / sec["expert"],
+        "speedup_vs_expert": sec["expert"] / sec["hotloop"],
+        "vs_naive_paired": paired_speedup(times["plain"], times["hotloop"]),
+        "vs_expert_paired": paired_speedup(times["expert"], times["hotloop"]), "expert_vs_naive": sec["plain"] / sec["expert"],
         "mfu": flops / sec["hotloop"] / peak.for_precision(strategy.precision),
         "plain_mfu": flops / sec["plain"] / peak.for_precision("fp32"),
         "expert_mfu": flops / sec["expert"] / peak.for_precision(settings.precision),
@@ -259,11 +281,26 @@ def geomean(values: list[float]) -> float:
     return math.exp(statistics.mean(math.log(v) for v in values))
 
 
+def _interval(paired: dict[str, Any]) -> str:
+    if paired["interval90"] is None:
+        return "unpaired"
+    low, high = paired["interval90"]
+    return f"{low:.2f}-{high:.2f}x {paired['verdict']}"
+
+
+def verdicts(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
+    """Models by verdict of ``key`` (``vs_expert_paired`` or ``vs_naive_paired``)."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        out.setdefault(r[key]["verdict"], []).append(r["model"])
+    return out
+
+
 def print_table(rows: list[dict[str, Any]], compiled: bool) -> None:
     """The naive, expert (and compiled) and hotloop columns, samples/s, with hotloop's ratios."""
     head = f"{'model':18s} {'naive/s':>9s} {'expert/s':>9s} " + (f"{'compiled/s':>10s} " if compiled else "")
     print(head + f"{'hotloop/s':>9s} {'vs naive':>9s} {'vs expert':>9s}" + (f" {'vs comp.':>9s}" if compiled else "")
-          + "  last-block loss naive / expert / hotloop")
+          + f" {'vs expert, 80% interval':>24s}  last-block loss naive / expert / hotloop")
     for r in rows:
         line = f"{r['model']:18s} {r['plain_samples_per_s']:9.2f} {r['expert_samples_per_s']:9.2f} "
         has = "expert_compiled_samples_per_s" in r
@@ -272,7 +309,7 @@ def print_table(rows: list[dict[str, Any]], compiled: bool) -> None:
         line += f"{r['hotloop_samples_per_s']:9.2f} {r['speedup_vs_naive']:8.2f}x {r['speedup_vs_expert']:8.2f}x"
         if compiled:
             line += f" {r['speedup_vs_expert_compiled']:8.2f}x" if has else f" {'-':>9s}"
-        print(line + f"  {r['plain_loss']:.4f} / {r['expert_loss']:.4f} / {r['hotloop_loss']:.4f}")
+        print(line + f" {_interval(r['vs_expert_paired']):>24s}  {r['plain_loss']:.4f} / {r['expert_loss']:.4f} / {r['hotloop_loss']:.4f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
               f"last-block loss {row['plain_loss']:.4f} / {row['expert_loss']:.4f} / {row['hotloop_loss']:.4f}",
               flush=True)
         top = {"geomean_vs_naive": geomean([r["speedup_vs_naive"] for r in rows]),
-               "geomean_vs_expert": geomean([r["speedup_vs_expert"] for r in rows])}
+               "geomean_vs_expert": geomean([r["speedup_vs_expert"] for r in rows]),
+               "verdicts_vs_expert": verdicts(rows, "vs_expert_paired"),
+               "verdicts_vs_naive": verdicts(rows, "vs_naive_paired")}
         with_compiled = [r["speedup_vs_expert_compiled"] for r in rows if "speedup_vs_expert_compiled" in r]
         if with_compiled:
             top["geomean_vs_expert_compiled"] = geomean(with_compiled)
@@ -343,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{top['geomean_vs_expert']:.2f}x the expert loop"
           + (f", {top['geomean_vs_expert_compiled']:.2f}x the compiled expert" if with_compiled else "")
           + f" (precision {args.precision})")
+    print("against the expert loop, with 90% confidence per row: "
+          + "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(top["verdicts_vs_expert"].items())))
     return 0
 
 

@@ -38,6 +38,7 @@ from torch import nn
 from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.process_settings import apply_process_settings
 from ..engine.dropout_masks import with_dropout_option
+from ..engine.program import model_phases
 from ..engine.parity import REFERENCE, ParityCase, changes_random_stream, check_parity, default_tolerance
 from ..engine.strategy import Strategy
 from ..errors import UserError
@@ -45,11 +46,11 @@ from ..hparams import HParams
 from ..models.formulation import FormulationOption
 from ..optim import build_optimizer
 from ..problems.base import Batch, Problem
-from .compile_prices import compile_price, record_compile
+from .compile_prices import next_compile_prices, record_compile
 from .hardware import HardwareInfo, detect_hardware
 from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
-from .proposals import COMPILE_COSTS, Proposal, ReaderFacts, baseline_strategy, propose, reduced_precision
+from .proposals import Proposal, ReaderFacts, baseline_strategy, propose, reduced_precision
 from .reader_trial import confirm_workers
 from .ranking import judging_order
 from .significance import Comparison, compare_paired
@@ -80,9 +81,10 @@ def read_batches(problem: Problem, hp: HParams, count: int, device: torch.device
     return batches, stream.seconds_per_batch()
 
 
-def _engine_backends() -> tuple[str, ...]:
-    """Capture backends the engine provides."""
-    return ("graph", "inductor")
+def _engine_backends(model: nn.Module) -> tuple[str, ...]:
+    """Capture backends the engine provides for ``model`` (none for a step of several phases, which
+    runs eagerly: :func:`hotloop.engine.build.make_backend`)."""
+    return () if len(model_phases(model) or ()) > 1 else ("graph", "inductor")
 
 
 def _record_compiles(key: dict, trials: Sequence[Trial]) -> None:
@@ -348,8 +350,8 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         reader = ReaderFacts(reader_s, eager_s)
         load = _load_average()
         planned_run_s = planned_steps * eager_s if planned_steps else planned_seconds
-        compile_costs = {b: compile_price(key, b, COMPILE_COSTS[b])[0] for b in ("inductor",)}
-        proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(),
+        compile_costs = next_compile_prices(key, facts.ops_per_step)
+        proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(model),
                             planned_seconds=planned_run_s, compile_costs=compile_costs, load=load, formulations=_formulation_options(model),
                             clip_foldable=_clip_foldable(hp, device),
                             allow_reduced_precision=allow_reduced_precision)

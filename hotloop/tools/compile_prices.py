@@ -4,10 +4,13 @@ After a trial of a compiling backend (``inductor``), :func:`record_compile` keep
 call (:class:`~hotloop.engine.compile_cache.CompileStats`) under the tune-cache key (model class,
 hparams, input shapes, hardware, torch) in ``<cache_dir>/compile/``. :func:`compile_price` then
 answers the next tune of the same key: the measured seconds of a compile that loaded from the
-compile cache; after only a cold compile (its code is now in the cache), a tenth of the cold
-seconds (a cached load takes a few percent of the cold compile: ``tests/engine/test_compile_cache.py``
-prints both); with nothing recorded, or with the compile cache folder gone, the proposal's default
-cost. A file that cannot be read is ignored.
+compile cache; after only a cold compile (its code is now in the cache), CACHED_FRACTION of the cold
+seconds (a cached load still traces the model, then loads the generated code:
+``docs/data/compile_price.json`` measured 7-26% of the cold compile on the zoo models); with nothing
+recorded, or with the compile cache folder gone, :func:`cold_compile_price`: a fixed start-up plus a
+price per aten op of eager's step, the line ``benchmarks/compile_price.py`` fits over the zoo
+models' cold compiles with a margin, never less than the proposal's default cost. A file that
+cannot be read is ignored.
 """
 from __future__ import annotations
 
@@ -20,11 +23,23 @@ from typing import Any
 
 from ..engine.compile_cache import CompileStats, compile_cache_dir
 from .hardware import cache_dir
+from .proposals import COMPILE_COSTS
 
-__all__ = ["record_compile", "compile_price", "CACHED_FRACTION"]
+__all__ = ["record_compile", "compile_price", "cold_compile_price", "next_compile_prices", "CACHED_FRACTION",
+           "COLD_FIXED_SECONDS", "COLD_SECONDS_PER_OP"]
 
 #: price of a compile whose code the cache holds, as a share of the cold compile (a cautious upper bound)
-CACHED_FRACTION = 0.1
+CACHED_FRACTION = 0.3
+#: a cold inductor compile's fixed seconds and seconds per aten op of eager's step as the tuner counts
+#: it (forward, backward and per-tensor update), fitted on the 2-core EPYC with a margin
+#: (``docs/data/compile_price.json``); a machine with faster cores compiles faster, so it errs high
+COLD_FIXED_SECONDS = 30.5
+COLD_SECONDS_PER_OP = 0.0345
+
+
+def cold_compile_price(ops_per_step: int, floor: float) -> float:
+    """Seconds a cold compile of a step of ``ops_per_step`` aten ops should take here, at least ``floor``."""
+    return max(floor, COLD_FIXED_SECONDS + COLD_SECONDS_PER_OP * ops_per_step)
 
 
 def _path(key: dict[str, Any], backend: str) -> Path:
@@ -70,3 +85,9 @@ def compile_price(key: dict[str, Any], backend: str, default: float) -> tuple[fl
     if record["cold_s"] > 0:
         return CACHED_FRACTION * float(record["cold_s"]), f"cached compile (after a {record['cold_s']:.0f} s cold one)"
     return default, "not compiled here before"
+
+
+def next_compile_prices(key: dict[str, Any], ops_per_step: int) -> dict[str, float]:
+    """Compiling backend -> the price of its next compile for ``key``, a step of ``ops_per_step`` ops."""
+    return {backend: compile_price(key, backend, cold_compile_price(ops_per_step, COMPILE_COSTS[backend]))[0]
+            for backend in ("inductor",)}

@@ -64,8 +64,9 @@ def reduced_precision(strategy: Strategy) -> bool:
     return strategy.precision != "fp32" or strategy.tf32 or strategy.formulation.bf16_gemms
 
 
-#: default first-step cost of each capture backend, seconds (a cold inductor compile of a small model
-#: on 2 cores; ``tools/compile_prices.py`` replaces it with what this machine measured)
+#: least first-step cost of each capture backend, seconds (a cold inductor compile of a small model
+#: on 2 cores; ``tools/compile_prices.py`` prices inductor from the step's op count, or from what
+#: this machine measured for the same model and shapes)
 COMPILE_COSTS = {"graph": 2.0, "inductor": 40.0}
 #: a compiling backend is proposed when the planned run is long enough for this share of it to pay
 #: for the compile (or for any model of many small ops)

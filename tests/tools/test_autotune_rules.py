@@ -1,6 +1,7 @@
 """The proposal rules on synthetic and real model structures."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -199,3 +200,46 @@ def test_compile_prices_remember_cold_and_cached_compiles(tmp_path, monkeypatch)
     assert compile_price(key, "inductor", 40.0) == (40.0, "the compile cache folder is gone")
     next(tmp_path.joinpath("compile").iterdir()).write_text("{not json")
     assert compile_price(key, "inductor", 40.0)[0] == 40.0      # an unreadable record is ignored
+
+
+def test_cold_compile_is_priced_by_the_step_op_count(tmp_path, monkeypatch):
+    from hotloop.engine.compile_cache import CompileStats
+    from hotloop.tools.compile_prices import (CACHED_FRACTION, COLD_FIXED_SECONDS, COLD_SECONDS_PER_OP,
+                                              cold_compile_price, next_compile_prices, record_compile)
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert cold_compile_price(10, 40.0) == 40.0                       # a small graph pays the floor
+    big = COLD_FIXED_SECONDS + COLD_SECONDS_PER_OP * 4000
+    assert cold_compile_price(4000, 40.0) == big > cold_compile_price(2000, 40.0) > 40.0
+    key = {"model": "Big", "shapes": [[4, 8]]}
+    assert next_compile_prices(key, 4000) == {"inductor": big}
+    (tmp_path / "inductor" / "fxgraph").mkdir(parents=True)     # its code is now in the compile cache
+    record_compile(key, "inductor", CompileStats(90.0, {"fxgraph_cache_miss": 2}))
+    assert next_compile_prices(key, 4000) == {"inductor": CACHED_FRACTION * 90.0}
+
+
+def test_the_op_price_covers_every_measured_cold_compile():
+    """``docs/data/compile_price.json`` (benchmarks/compile_price.py): no zoo model's cold compile took
+    longer than its price, and a cached load no longer than CACHED_FRACTION of the cold compile."""
+    import json
+    from pathlib import Path
+
+    from hotloop.tools.compile_prices import (CACHED_FRACTION, COLD_FIXED_SECONDS, COLD_SECONDS_PER_OP,
+                                              cold_compile_price)
+    from hotloop.tools.proposals import COMPILE_COSTS
+    data = json.loads((Path(__file__).resolve().parents[2] / "docs/data/compile_price.json").read_text())
+    assert len(data["rows"]) >= 5
+    for row in data["rows"]:
+        assert row["cold_s"] <= cold_compile_price(row["ops_per_step"], COMPILE_COSTS["inductor"]), row["model"]
+        assert row["cached_was_cached"] and row["cached_s"] <= CACHED_FRACTION * row["cold_s"], row["model"]
+    assert COLD_FIXED_SECONDS == pytest.approx(data["price_fixed_s"], rel=0.05)     # the fitted line, rounded
+    assert COLD_SECONDS_PER_OP == pytest.approx(data["price_seconds_per_op"], rel=0.05)
+
+
+def test_a_phased_model_gets_no_capture_backend():
+    from hotloop.compose.build import build_run
+    from hotloop.tools.autotune import _engine_backends
+    gan = build_run("shapes_unpaired", "cyclegan", "cyclegan_small",
+                    "image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,batch_size=2").model
+    assert _engine_backends(gan) == ()
+    assert _engine_backends(nn.Linear(2, 2)) == ("graph", "inductor")
