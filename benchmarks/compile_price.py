@@ -8,15 +8,17 @@ The op count ``ops_per_step`` is counted as the tuner counts eager's step before
 anything (aten ops of one forward, backward and per-tensor optimizer update; the forward and
 backward alone, which inductor compiles, are ``forward_backward_ops``). A cold compile is a fixed
 start-up plus work per traced op: :func:`price_line` fits that line through the rows and scales it
-up until it covers every row with a margin (:data:`MARGIN`), and ``hotloop.tools.compile_prices`` prices a cold compile by it.
+up until it covers every row with a margin (:data:`MARGIN`), and ``hotloop.tools.compile_prices``
+prices a cold compile by it.
 
-    HOTLOOP_RAW_ROOT=DIR python benchmarks/compile_price.py [--models a,b] [--json FILE] [--merge EARLIER]
+    HOTLOOP_RAW_ROOT=DIR python benchmarks/compile_price.py [--models a,b] [--json FILE] [--merge EARLIER...]
 
-``--merge`` adds an earlier run's rows (same machine) to the fit: one model's cold compile varies
+``--merge`` adds earlier runs' rows (same machine) to the fit: one model's cold compile varies
 from run to run, and the line must cover every run.
 
-JSON: ``{"rows": [{"model", "ops_per_step", "forward_backward_ops", "cold_s", "cold_counts", "cached_s", "cached_counts",
-"second_step_s", "cold_seconds_per_op", "cached_share", "run"}], "not_compiled": [{"model", "why"}],
+JSON: ``{"rows": [{"model", "ops_per_step", "forward_backward_ops", "cold_s", "cold_counts", "cached_s",
+"cached_counts", "cold_was_cached", "cached_was_cached", "second_step_s", "cold_seconds_per_op",
+"cached_share", "run"}], "not_compiled": [{"model", "why"}],
 "price_fixed_s", "price_seconds_per_op", "max_cached_share", "machine", "cpu"}``.
 """
 from __future__ import annotations
@@ -67,7 +69,8 @@ def _one(name: str) -> dict[str, Any]:
     float(built.step([batch]).loss)
     second = time.perf_counter() - start
     stats = getattr(backend, "compile_stats", None)      # None: the step fell back to eager
-    return {"ops_per_step": counts.ops, "forward_backward_ops": fwd_bwd_ops, "first_step_s": first, "second_step_s": second,
+    return {"ops_per_step": counts.ops, "forward_backward_ops": fwd_bwd_ops, "first_step_s": first,
+            "second_step_s": second,
             "compile_s": stats.seconds if stats else None, "counts": stats.counts if stats else {},
             "cached": bool(stats and stats.cached), "fallback": backend.fallback_reason}
 
@@ -111,7 +114,9 @@ def _child(name: str, cache: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def _write(path: str | None, machine: str, hw: Any, rows: list[dict[str, Any]], skipped: list[dict[str, Any]]) -> None:
+def _write(path: str | None, machine: str, hw: Any, rows: list[dict[str, Any]],
+           skipped: list[dict[str, Any]]) -> None:
+    """The JSON of ``rows`` with the price line fitted over them (nothing without ``path``)."""
     if not path:
         return
     import torch
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                     _write(args.json, machine, hw, earlier + rows, skipped)
                 continue
             cached = _child(name, cache)
-        row = {"model": name, "ops_per_step": cold["ops_per_step"], "forward_backward_ops": cold["forward_backward_ops"],
+        row = {"model": name, "ops_per_step": cold["ops_per_step"],
+               "forward_backward_ops": cold["forward_backward_ops"],
                "cold_s": cold["compile_s"],
                "cold_counts": cold["counts"], "cold_was_cached": cold["cached"],
                "cached_s": cached["compile_s"], "cached_counts": cached["counts"],

@@ -254,7 +254,8 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         "speedup": sec["plain"] / sec["hotloop"], "speedup_vs_naive": sec["plain"] / sec["hotloop"],
         "speedup_vs_expert": sec["expert"] / sec["hotloop"],
         "vs_naive_paired": paired_speedup(times["plain"], times["hotloop"]),
-        "vs_expert_paired": paired_speedup(times["expert"], times["hotloop"]), "expert_vs_naive": sec["plain"] / sec["expert"],
+        "vs_expert_paired": paired_speedup(times["expert"], times["hotloop"]),
+        "expert_vs_naive": sec["plain"] / sec["expert"],
         "mfu": flops / sec["hotloop"] / peak.for_precision(strategy.precision),
         "plain_mfu": flops / sec["plain"] / peak.for_precision("fp32"),
         "expert_mfu": flops / sec["expert"] / peak.for_precision(settings.precision),
@@ -309,7 +310,8 @@ def print_table(rows: list[dict[str, Any]], compiled: bool) -> None:
         line += f"{r['hotloop_samples_per_s']:9.2f} {r['speedup_vs_naive']:8.2f}x {r['speedup_vs_expert']:8.2f}x"
         if compiled:
             line += f" {r['speedup_vs_expert_compiled']:8.2f}x" if has else f" {'-':>9s}"
-        print(line + f" {_interval(r['vs_expert_paired']):>24s}  {r['plain_loss']:.4f} / {r['expert_loss']:.4f} / {r['hotloop_loss']:.4f}")
+        losses = f"{r['plain_loss']:.4f} / {r['expert_loss']:.4f} / {r['hotloop_loss']:.4f}"
+        print(line + f" {_interval(r['vs_expert_paired']):>24s}  {losses}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ __all__ = ["record_compile", "compile_price", "cold_compile_price", "next_compil
 CACHED_FRACTION = 0.3
 #: a cold inductor compile's fixed seconds and seconds per aten op of eager's step as the tuner counts
 #: it (forward, backward and per-tensor update), fitted on the 2-core EPYC with a margin
-#: (``docs/data/compile_price.json``); a machine with faster cores compiles faster, so it errs high
+#: (``docs/data/compile_price.json``); measured on that machine only
 COLD_FIXED_SECONDS = 30.5
 COLD_SECONDS_PER_OP = 0.0345
 
