@@ -66,7 +66,7 @@ from hotloop.problems.base import open_reader  # noqa: E402
 from hotloop.tools.hardware import HardwareInfo, detect_hardware, gemm_peak, machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
 from hotloop.tools.model_facts import analyze_model  # noqa: E402
-from hotloop.tools.significance import compare_paired, t_quantile_90  # noqa: E402
+from hotloop.tools.significance import compare_paired  # noqa: E402
 from hotloop.compose.build import build_run  # noqa: E402
 from hotloop.data import to_device  # noqa: E402
 from hotloop.train.feeding import DataFeeder  # noqa: E402
@@ -191,8 +191,7 @@ def paired_speedup(reference: list[float], contender: list[float]) -> dict[str, 
     c = compare_paired(contender[:len(rounds)], rounds, reference[:len(rounds)], rounds)
     if not c.paired:
         return {"paired": None, "interval90": None, "verdict": "unpaired", "pairs": c.pairs}
-    half = t_quantile_90(c.pairs - 1) * c.log_se
-    low, high = 1 / (c.ratio * math.exp(half)), 1 / (c.ratio * math.exp(-half))
+    low, high = 1 / c.upper, 1 / c.lower       # bounds of the time ratio, turned into speed-ups
     verdict = "faster" if low > 1 else "slower" if high < 1 else "tie"
     return {"paired": 1 / c.ratio, "interval90": [low, high], "verdict": verdict, "pairs": c.pairs}
 

@@ -58,6 +58,11 @@ class Comparison:
     log_se: float = 0.0     # standard error of mean(log r) (0 when compared by medians)
 
     @property
+    def lower(self) -> float:
+        """The one-sided 90% lower bound of the ratio, mirroring ``upper`` (= ratio by medians)."""
+        return self.ratio * self.ratio / self.upper if 0 < self.upper < math.inf else self.ratio
+
+    @property
     def paired(self) -> bool:
         """Enough pairs for the bound; otherwise the ratio is of the two medians."""
         return self.pairs >= MIN_PAIRS

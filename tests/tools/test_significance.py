@@ -82,3 +82,13 @@ def test_rounds_with_a_step_far_above_its_median_are_left_out():
     assert result.ratio < 0.85 and result.faster(0.02), result.describe()
     slower = compare_paired(ref, rounds, cand, rounds)     # the same data the other way round
     assert slower.ratio > 1.15 and not slower.faster(0.02)
+
+
+def test_the_lower_bound_mirrors_the_upper_one_on_the_logs():
+    rounds = list(range(6))
+    result = compare_paired(_noisy(9e-3, 6, 0.05, seed=5), rounds, _noisy(10e-3, 6, 0.05, seed=6), rounds)
+    assert result.lower < result.ratio < result.upper
+    assert math.log(result.ratio) - math.log(result.lower) == pytest.approx(
+        t_quantile_90(result.pairs - 1) * result.log_se)
+    by_medians = compare_paired([1.0], [0], [2.0], [0])           # one pair: no bound either way
+    assert by_medians.lower == by_medians.ratio == by_medians.upper == 0.5
