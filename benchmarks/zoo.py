@@ -12,6 +12,8 @@ For each model, in ONE process and on the same model, batch and data:
   ``zero_grad(set_to_none=True)``, the loss read once per block;
 - **expert_compiled** (``--compile``): the expert loop with ``torch.compile`` of the loss function;
   its first step (the compilation) is reported as ``compile_seconds``, not in the step time;
+- **expert_twin** (``--control``): a second, identical expert loop; its ratio to the expert
+  (``control_vs_expert``, ``control_paired``) is what the table gives for no difference at all;
 - **hotloop**: ``auto_strategy`` (timed separately, reported as ``tune_seconds``), then the
   Trainer's step (``build_step``) fed by the Trainer's feeder (prefetch, workers), reading the
   loss every ``sync_every`` steps; the strategy's process-wide flags (threads, ...) are set
@@ -22,14 +24,15 @@ proposes nothing below fp32 (``tune(allow_reduced_precision=False)``: no bf16, T
 formulation), so the table shows what the engine gives beyond precision; ``--precision auto``
 (default): the expert uses bf16 where the hardware has fast bf16 and the tuner may choose it.
 
-All start from the same weights. Blocks of ``--block`` steps alternate (the order reverses
-each round) after a warm-up block each; samples/s come from the median block. Quality: the
+All start from the same weights. Blocks of ``--block`` steps are interleaved after a warm-up
+block each, in the orders of a balanced Latin square (:func:`zoo_stats.round_order`: every
+contender in every position and after every other equally often); samples/s come from the median block. Quality: the
 mean loss over each contender's last block; ``loss_rel_diff`` compares hotloop's with the
 plain loop's. MFU = FLOPs per step (counted by torch's FlopCounterMode) / step time / the
 measured GEMM peak at the contender's precision. ``--smoke`` checks the script, not speed:
 the smallest batch of each model, one timed block of two steps, a short tuning cap.
 
-    HOTLOOP_RAW_ROOT=DIR python benchmarks/zoo.py [--models a,b] [--precision auto|fp32] [--compile]
+    HOTLOOP_RAW_ROOT=DIR python benchmarks/zoo.py [--models a,b] [--precision auto|fp32] [--compile] [--control]
         [--json FILE] [--device cpu|cuda] [--smoke]
 
 JSON: ``{"rows": [{"model", "batch", "input_size", "plain_samples_per_s", "expert_samples_per_s",
@@ -39,7 +42,8 @@ JSON: ``{"rows": [{"model", "batch", "input_size", "plain_samples_per_s", "exper
 ``vs_expert_paired`` pair the contenders' blocks round by round (:func:`paired_speedup`): the
 geometric mean of the per-round ratios, its 80% interval and a verdict (hotloop "faster",
 "slower" or "tie" with 90% confidence); ``verdicts_vs_expert`` / ``verdicts_vs_naive`` list the
-models by verdict.
+models by verdict; with ``--control``, ``geomean_control`` and ``verdicts_control`` do the same for
+the twin.
 """
 from __future__ import annotations
 
@@ -47,7 +51,6 @@ import argparse
 import contextlib
 import copy
 import json
-import math
 import statistics
 import sys
 import time
@@ -63,16 +66,16 @@ import torch  # noqa: E402
 import hotloop  # noqa: E402,F401 - declares the registry names
 from hotloop.engine import Strategy, build_step  # noqa: E402
 from hotloop.problems.base import open_reader  # noqa: E402
-from hotloop.tools.hardware import HardwareInfo, detect_hardware, gemm_peak, machine_header  # noqa: E402
+from hotloop.tools.hardware import detect_hardware, gemm_peak, machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
 from hotloop.tools.model_facts import analyze_model  # noqa: E402
-from hotloop.tools.significance import compare_paired  # noqa: E402
 from hotloop.compose.build import build_run  # noqa: E402
 from hotloop.data import to_device  # noqa: E402
 from hotloop.train.feeding import DataFeeder  # noqa: E402
 from hotloop.tools.tune_budget import DEFAULT_MAX_SECONDS  # noqa: E402
 from hotloop.compose.plan import auto_strategy  # noqa: E402
 from expert_loop import PRECISIONS, ExpertLoop, PlainLoop, expert_settings, plain_settings  # noqa: E402
+from zoo_stats import cpu_flags, geomean, paired_speedup, print_table, round_order, verdicts  # noqa: E402,F401
 
 # model -> (problem, hparams set, overrides): the small CPU configurations; the same for both contenders
 ZOO: dict[str, tuple[str, str, str]] = {
@@ -176,33 +179,13 @@ def _timed_block(loop: Any, steps: int, device: torch.device,
         return (time.perf_counter() - start) / steps
 
 
-def cpu_flags(hw: HardwareInfo) -> dict[str, Any]:
-    """The machine's usable instruction sets, the caps in force and fast-bf16 flags (or the GPU)."""
-    return {"isa": list(hw.cpu_isa), "caps": list(hw.cpu_caps), "fast_bf16_flags": list(hw.cpu_bf16),
-            "cpu_model": hw.cpu_model, **({"gpu": hw.cuda_name} if hw.device == "cuda" else {})}
-
-
-def paired_speedup(reference: list[float], contender: list[float]) -> dict[str, Any]:
-    """``reference`` block time / ``contender``'s, paired by round (one block each per round, so a
-    round's load hits both): the geometric mean of the per-round ratios, its two-sided 80% interval
-    (each bound a one-sided 90% bound) and the verdict "faster" (the contender, with 90% confidence),
-    "slower" or "tie"; "unpaired" with fewer than three rounds."""
-    rounds = list(range(min(len(reference), len(contender))))
-    c = compare_paired(contender[:len(rounds)], rounds, reference[:len(rounds)], rounds)
-    if not c.paired:
-        return {"paired": None, "interval90": None, "verdict": "unpaired", "pairs": c.pairs}
-    low, high = 1 / c.upper, 1 / c.lower       # bounds of the time ratio, turned into speed-ups
-    verdict = "faster" if low > 1 else "slower" if high < 1 else "tie"
-    return {"paired": 1 / c.ratio, "interval90": [low, high], "verdict": verdict, "pairs": c.pairs}
-
-
 def _last_block(losses: list[float], block: int) -> float:
     return statistics.mean(losses[-block:])
 
 
 def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_seconds: float,
                 log: Any, *, precision: str = "auto", compile: bool = False,
-                overrides: str | None = None, size: str = "small") -> dict[str, Any]:
+                overrides: str | None = None, size: str = "small", control: bool = False) -> dict[str, Any]:
     """One zoo row: every contender on ``name``'s model, interleaved blocks, medians."""
     problem, hparams, zoo_overrides = SIZES[size][name]
     overrides = ",".join(o for o in (zoo_overrides, overrides) if o) or None
@@ -228,11 +211,13 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
     with preserved_process_state():
         with applied_strategy(strategy, device):
             loops["hotloop"] = fast = HotloopLoop(copy.deepcopy(run.model), run, strategy, device)
+        if control:       # an A/A pair: the same loop twice, timed like any contender
+            loops["expert_twin"] = ExpertLoop(copy.deepcopy(run.model), run.hp, feed(), device, settings)
         flags = {"hotloop": lambda: applied_strategy(strategy, device)}
         times = {key: [] for key in loops}
+        keys = list(loops)
         for r in range(rounds + 1):
-            order = list(loops) if r % 2 == 0 else list(reversed(loops))
-            for key in order:
+            for key in (keys[i] for i in round_order(len(keys), r)):
                 seconds = _timed_block(loops[key], block, device, flags.get(key))
                 if r > 0:                                  # round 0 is the warm-up (and the compile)
                     times[key].append(seconds)
@@ -263,54 +248,21 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
                      "expert": {**settings.to_dict(), "optimizer": expert.optimizer_kinds},
                      "hotloop": {"strategy": changed, "precision": strategy.precision,
                                  "fused_optimizer": strategy.fused_optimizer,
-                                 "channels_last": strategy.channels_last,
+                                 "channels_last": strategy.channels_last, "prefetch": strategy.prefetch,
                                  "loss_read": f"every {strategy.sync_every} steps"}},
         **{f"{key}_loss": value for key, value in loss.items()},
         "loss_rel_diff": abs(loss["hotloop"] - loss["plain"]) / max(abs(loss["plain"]), 1e-12),
         "expert_loss_rel_diff": abs(loss["expert"] - loss["plain"]) / max(abs(loss["plain"]), 1e-12),
         "steps_each": (rounds + 1) * block}
+    if control:
+        row.update(control_vs_expert=sec["expert"] / sec["expert_twin"],
+                   control_paired=paired_speedup(times["expert"], times["expert_twin"]))
     if compile:
         compiled = loops["expert_compiled"]
         row["settings"]["expert_compiled"] = {**compiled.settings.to_dict(), "optimizer": compiled.optimizer_kinds}
         row.update(speedup_vs_expert_compiled=sec["expert_compiled"] / sec["hotloop"],
                    compile_seconds=compiled.compile_seconds)
     return row
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(statistics.mean(math.log(v) for v in values))
-
-
-def _interval(paired: dict[str, Any]) -> str:
-    if paired["interval90"] is None:
-        return "unpaired"
-    low, high = paired["interval90"]
-    return f"{low:.2f}-{high:.2f}x {paired['verdict']}"
-
-
-def verdicts(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
-    """Models by verdict of ``key`` (``vs_expert_paired`` or ``vs_naive_paired``)."""
-    out: dict[str, list[str]] = {}
-    for r in rows:
-        out.setdefault(r[key]["verdict"], []).append(r["model"])
-    return out
-
-
-def print_table(rows: list[dict[str, Any]], compiled: bool) -> None:
-    """The naive, expert (and compiled) and hotloop columns, samples/s, with hotloop's ratios."""
-    head = f"{'model':18s} {'naive/s':>9s} {'expert/s':>9s} " + (f"{'compiled/s':>10s} " if compiled else "")
-    print(head + f"{'hotloop/s':>9s} {'vs naive':>9s} {'vs expert':>9s}" + (f" {'vs comp.':>9s}" if compiled else "")
-          + f" {'vs expert, 80% interval':>24s}  last-block loss naive / expert / hotloop")
-    for r in rows:
-        line = f"{r['model']:18s} {r['plain_samples_per_s']:9.2f} {r['expert_samples_per_s']:9.2f} "
-        has = "expert_compiled_samples_per_s" in r
-        if compiled:
-            line += f"{r['expert_compiled_samples_per_s']:10.2f} " if has else f"{'-':>10s} "
-        line += f"{r['hotloop_samples_per_s']:9.2f} {r['speedup_vs_naive']:8.2f}x {r['speedup_vs_expert']:8.2f}x"
-        if compiled:
-            line += f" {r['speedup_vs_expert_compiled']:8.2f}x" if has else f" {'-':>9s}"
-        losses = f"{r['plain_loss']:.4f} / {r['expert_loss']:.4f} / {r['hotloop_loss']:.4f}"
-        print(line + f" {_interval(r['vs_expert_paired']):>24s}  {losses}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time expert_compiled (torch.compile of the loss; compile time apart)")
     parser.add_argument("--compile-models", default=None, metavar="A,B",
                         help="with --compile: only these models get the compiled contender (default: all)")
+    parser.add_argument("--control", action="store_true",
+                        help="also time expert_twin, a second expert loop: its ratio to the expert is the "
+                        "table's own noise (an A/A comparison)")
     parser.add_argument("--size", choices=tuple(SIZES), default="small",
                         help="small: the CPU configurations; full: published sizes and real input shapes")
     parser.add_argument("--smoke", action="store_true", help="smallest batch of each model, 1 block of 2 "
@@ -357,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         smoke = SMOKE_OVERRIDES.get(name, SMOKE_DEFAULT) if args.smoke else None
         row = bench_model(name, rounds, block, device, tune_s, lambda line: print(line, flush=True),
                           precision=args.precision, compile=args.compile and name in compiled,
-                          overrides=smoke, size=args.size)
+                          overrides=smoke, size=args.size, control=args.control)
         rows.append(row)
         print(f"  batch {row['batch']} x {row['input_size']}: plain {row['plain_samples_per_s']:.2f}/s, "
               f"expert {row['expert_samples_per_s']:.2f}/s, hotloop {row['hotloop_samples_per_s']:.2f}/s -> "
@@ -368,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                "geomean_vs_expert": geomean([r["speedup_vs_expert"] for r in rows]),
                "verdicts_vs_expert": verdicts(rows, "vs_expert_paired"),
                "verdicts_vs_naive": verdicts(rows, "vs_naive_paired")}
+        if args.control:
+            top.update(geomean_control=geomean([r["control_vs_expert"] for r in rows]),
+                       verdicts_control=verdicts(rows, "control_paired"))
         with_compiled = [r["speedup_vs_expert_compiled"] for r in rows if "speedup_vs_expert_compiled" in r]
         if with_compiled:
             top["geomean_vs_expert_compiled"] = geomean(with_compiled)
@@ -385,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
           + f" (precision {args.precision})")
     print("against the expert loop, with 90% confidence per row: "
           + "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(top["verdicts_vs_expert"].items())))
+    if args.control:
+        print(f"control (a second expert loop against the first): geomean {top['geomean_control']:.3f}x; per row: "
+              + "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(top["verdicts_control"].items())))
     return 0
 
 

@@ -19,7 +19,10 @@
    (trial trajectories, then :func:`hotloop.engine.parity.check_parity`, which also
    compares the parameter updates; a candidate drawing other random numbers, bits16
    dropout masks, is judged by check_parity's random-stream rule alone);
-5. the choice is cached (:mod:`hotloop.tools.tune_cache`).
+5. the winner's own step is fed by the run's reader in line and through the prefetch thread,
+   interleaved; reading in line is kept only when it is faster (:mod:`hotloop.tools.feed_trial`);
+   the trials leave room for it in the budget;
+6. the choice is cached (:mod:`hotloop.tools.tune_cache`).
 
 The caller's model, its weights and every global RNG stream are left as they were. A stop
 signal (SIGINT, SIGTERM, SIGUSR1) ends tuning at the next trial step with
@@ -39,7 +42,7 @@ from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.process_settings import apply_process_settings
 from ..engine.dropout_masks import with_dropout_option
 from ..engine.program import model_phases
-from ..engine.parity import REFERENCE, ParityCase, changes_random_stream, check_parity, default_tolerance
+from ..engine.parity import REFERENCE, ParityCase, changes_random_stream, check_parity
 from ..engine.strategy import Strategy
 from ..errors import UserError
 from ..hparams import HParams
@@ -51,10 +54,12 @@ from .hardware import HardwareInfo, detect_hardware
 from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
 from .proposals import Proposal, ReaderFacts, baseline_strategy, propose, reduced_precision
+from .feed_trial import FEED_STEPS, confirm_feeding, worth_timing
 from .reader_trial import confirm_workers
 from .ranking import judging_order
 from .significance import Comparison, compare_paired
 from .stages import run_in_stages
+from .tolerances import THREADS_TOL, parity_tolerance
 from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
 from .tune_budget import COMPILE_MAX_SECONDS, DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
@@ -62,7 +67,7 @@ from .tune_cache import cache_key, load_choice, save_choice
 from .tune_report import TuneReport
 from .tune_start import BatchStream, TuneStops
 
-__all__ = ["tune", "read_batches", "parity_tolerance", "DEFAULT_MAX_SECONDS",
+__all__ = ["tune", "read_batches", "parity_tolerance", "THREADS_TOL", "DEFAULT_MAX_SECONDS",
            "DEFAULT_BUDGET_FRACTION"]
 
 PARITY_STEPS = 3        # steps of the engine's check_parity for a winner
@@ -153,26 +158,6 @@ def _calibrate(runner: TrialRunner, baseline: Trial, model: nn.Module, budget_fo
         if baseline.step_times and elapsed() > 0.3 * budget_for(baseline.median):
             break
     return facts
-
-
-THREADS_TOL = 1e-5     # a different intra-op thread count re-splits float reductions (1-ulp level)
-#: optimizers whose multi-tensor (foreach) update is held bitwise to their per-tensor loop.
-#: All four built-ins measure bitwise (tests/engine: tiny transformer and LSTM LM, 10 steps),
-#: but Adam/AdamW divide by sqrt(v) and are kept at THREADS_TOL as a margin, as is every
-#: optimizer a user registers
-BITWISE_FOREACH = ("sgd", "momentum")
-
-
-def parity_tolerance(strategy: Strategy, baseline: Strategy, device: torch.device,
-                     optimizer: str = "sgd") -> float:
-    """The engine's tolerance for ``strategy``; at least THREADS_TOL when it changes the thread
-    count, or the optimizer's update path for an optimizer outside BITWISE_FOREACH."""
-    tol = default_tolerance(strategy, device)
-    if strategy.intra_op_threads != baseline.intra_op_threads:
-        tol = max(tol, THREADS_TOL)
-    if strategy.fused_optimizer != baseline.fused_optimizer and optimizer not in BITWISE_FOREACH:
-        tol = max(tol, THREADS_TOL)
-    return tol
 
 
 def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], trial: Trial,
@@ -348,6 +333,7 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         facts = _calibrate(runner, baseline, model, budget_for, hard.elapsed)
         eager_s = baseline.median if baseline.measured else first
         reader = ReaderFacts(reader_s, eager_s)
+        reader_share = reader.ratio * max(1, hp.accum_steps)     # one step's batches read / the step
         load = _load_average()
         planned_run_s = planned_steps * eager_s if planned_steps else planned_seconds
         compile_costs = next_compile_prices(key, facts.ops_per_step)
@@ -360,14 +346,14 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         compiling = any(p.compile_cost > 0 for p in proposals if p.timed)
         budget = Budget(budget_for(eager_s, max(max_seconds, compile_max_seconds) if compiling else max_seconds))
         budget.start = hard.start
+        feed_reserve = FEED_STEPS if worth_timing(reader_share) else 0      # steps of the feeding trial
         trials = run_in_stages(runner, [p for p in proposals if p.timed], baseline, baseline_s, max_trial_steps,
-                               budget, reserve_steps=2 * PARITY_STEPS)
+                               budget, reserve_steps=2 * PARITY_STEPS + feed_reserve)
         skipped = [t.label for t in trials if t.status.startswith("skipped")]
         if skipped:
             log(f"autotune: budget {budget.seconds:.1f}s: skipped {skipped}")
         winner = _choose(trials, baseline, runner, min_gain) if baseline.measured else baseline
         _record_compiles(key, trials)
-        runner.release([baseline] + trials)
         pipeline = [p for p in proposals if not p.timed]
         strategy = winner.strategy
         reader_notes = []
@@ -378,6 +364,10 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
             reader_notes.append(trial.line())
             if not trial.kept:
                 strategy = strategy.replace(num_workers=baseline_s.num_workers)
+        feeding = confirm_feeding(winner, runner, problem, hp, strategy, budget.remaining(), reader_share)
+        runner.release([baseline] + trials)
+        strategy = strategy.replace(prefetch=feeding.chosen)
+        reader_notes.append(feeding.line())
         report = TuneReport(strategy, winner.label, "miss" if cache else "disabled", hw, baseline_s,
                             [baseline] + trials, pipeline, facts, reader, budget.seconds,
                             step_calls=runner.step_calls)

@@ -173,7 +173,7 @@ def test_zoo_smoke_run_writes_every_key(tmp_path, monkeypatch):
     import zoo
     out = tmp_path / "zoo.json"
     assert zoo.main(["--smoke", "--models", "se_resnext50", "--tune-seconds", "0", "--block", "1",
-                     "--precision", "fp32", "--json", str(out)]) == 0
+                     "--precision", "fp32", "--control", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     for key in ("cpu", "amx", "device", "rows", "geomean_speedup",                  # today's keys
                 "geomean_vs_naive", "geomean_vs_expert", "precision", "cpu_flags", "machine"):
@@ -189,6 +189,8 @@ def test_zoo_smoke_run_writes_every_key(tmp_path, monkeypatch):
     assert set(row["settings"]) == {"plain", "expert", "hotloop"}
     assert row["settings"]["expert"]["precision"] == "fp32" and row["settings"]["expert"]["channels_last"]
     assert row["settings"]["hotloop"]["precision"] == "fp32"
+    assert row["control_vs_expert"] > 0 and row["control_paired"]["verdict"] == "unpaired"   # one round
+    assert data["geomean_control"] == row["control_vs_expert"] and "unpaired" in data["verdicts_control"]
 
 
 def test_ladder_expert_rung_is_the_plain_loop_with_the_expert_lines(monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from zoo import paired_speedup, verdicts  # noqa: E402
+from zoo import paired_speedup, round_order, verdicts  # noqa: E402
 
 
 def test_drift_shared_by_a_round_cancels() -> None:
@@ -48,3 +48,16 @@ def test_verdicts_group_models() -> None:
     rows = [{"model": "a", "v": {"verdict": "tie"}}, {"model": "b", "v": {"verdict": "faster"}},
             {"model": "c", "v": {"verdict": "tie"}}]
     assert verdicts(rows, "v") == {"tie": ["a", "c"], "faster": ["b"]}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+def test_round_orders_balance_positions_and_neighbours(n: int) -> None:
+    from collections import Counter
+    period = n if n % 2 == 0 else 2 * n
+    rows = [round_order(n, r) for r in range(period)]
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    positions = Counter((c, i) for row in rows for i, c in enumerate(row))
+    assert set(positions.values()) == {period // n}                  # every contender in every place alike
+    follows = Counter((row[i], row[i + 1]) for row in rows for i in range(n - 1))
+    assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1   # after every other alike
+    assert rows[0] != rows[1]

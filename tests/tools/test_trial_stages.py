@@ -8,7 +8,8 @@ from hotloop.tools.hardware import HardwareInfo
 from hotloop.tools.model_facts import ModelFacts
 from hotloop.tools.proposals import baseline_strategy, propose
 from hotloop.tools.significance import compare_paired
-from hotloop.tools.stages import ALL_FASTER, faster_labels, run_in_stages, stage_one, stage_two
+from hotloop.tools.stages import (ALL_FASTER, ALL_NOT_SLOWER, faster_labels, not_slower_labels, run_in_stages,
+                                  stage_one, stage_two)
 from hotloop.tools.trials import Budget, Trial, TrialRunner
 
 TWO_CORES = HardwareInfo("cpu", 2, "test cpu", ())
@@ -44,13 +45,40 @@ def test_stage_two_combines_only_what_measured_faster_and_puts_each_backend_on_t
     assert [p.label for p in stage_two(timed, [])] == ["backend=inductor", "backend=graph"]
 
 
+def test_stage_two_adds_the_ties_to_a_combination_of_their_own():
+    timed = conv_proposals()
+    order = stage_two(timed, ["channels_last"], ["channels_last", "fused_optimizer"])
+    assert [p.label for p in order][:2] == [ALL_NOT_SLOWER, f"{ALL_FASTER} + backend=inductor"]
+    assert order[0].changes["channels_last"] and order[0].changes["fused_kernel"]
+    assert "fused_kernel" not in order[1].changes          # the backends go on top of the faster ones only
+    both = stage_two(timed, ["channels_last", "threads=1"], ["channels_last", "threads=1", "fused_optimizer"])
+    assert [p.label for p in both][:2] == [ALL_FASTER, ALL_NOT_SLOWER]
+    assert stage_two(timed, ["channels_last"], ["channels_last"])[0].label != ALL_NOT_SLOWER   # no ties
+
+
+def _measured(label: str, times: list[float]) -> Trial:
+    trial = Trial(label, baseline_strategy(), "test", status="ok")
+    trial.step_times, trial.step_rounds = list(times), list(range(len(times)))
+    return trial
+
+
+def test_not_slower_means_not_slower_with_90_percent_confidence():
+    reference = _measured("eager", [0.100, 0.102, 0.098, 0.101, 0.099, 0.100])
+    tie = _measured("tie", [0.101, 0.100, 0.100, 0.102, 0.098, 0.101])        # ratio just above 1, in noise
+    slower = _measured("slower", [0.110, 0.112, 0.108, 0.111, 0.109, 0.110])
+    faster = _measured("faster", [0.090, 0.092, 0.088, 0.091, 0.089, 0.090])
+    trials = [reference, tie, slower, faster]
+    assert faster_labels(trials, reference) == ["faster"]
+    assert not_slower_labels(trials, reference) == ["tie", "faster"]
+
+
 class _SimulatedRunner(TrialRunner):
     """Step seconds from the Strategy: 100 ms eager, x0.8 channels_last, x0.95 fused update,
     x1.4 one thread, x0.7 inductor (its first step ``compile_seconds``, 5 s); a little alternating jitter."""
 
-    def __init__(self, clock: FakeClock, compile_seconds: float = 5.0) -> None:
+    def __init__(self, clock: FakeClock, compile_seconds: float = 5.0, fused: float = 0.95) -> None:
         self.clock, self.warmup, self.round, self.step_calls, self.rounds_started = clock, 2, -1, 0, 0
-        self.compile_seconds = compile_seconds
+        self.compile_seconds, self.fused = compile_seconds, fused
 
     def prepare(self, trial: Trial) -> bool:
         trial.status, trial.runner = "ok", object()
@@ -58,7 +86,7 @@ class _SimulatedRunner(TrialRunner):
 
     def step(self, trial: Trial) -> float:
         s = trial.strategy
-        seconds = 0.1 * (0.8 if s.channels_last else 1) * (0.95 if s.fused_optimizer else 1)
+        seconds = 0.1 * (0.8 if s.channels_last else 1) * (self.fused if s.fused_optimizer else 1)
         seconds *= (1.4 if s.intra_op_threads == 1 else 1) * (0.7 if s.backend == "inductor" else 1)
         seconds *= 1.0 + 0.01 * (self.step_calls % 3)
         if s.backend == "inductor" and trial.steps_run == 0:
@@ -69,10 +97,10 @@ class _SimulatedRunner(TrialRunner):
         return seconds
 
 
-def _started(compile_seconds: float = 5.0) -> tuple[FakeClock, _SimulatedRunner, Strategy, Trial]:
+def _started(compile_seconds: float = 5.0, fused: float = 0.95) -> tuple[FakeClock, _SimulatedRunner, Strategy, Trial]:
     """A simulated runner whose eager reference has taken its warm-up step."""
     clock = FakeClock()
-    runner = _SimulatedRunner(clock, compile_seconds)
+    runner = _SimulatedRunner(clock, compile_seconds, fused)
     base = baseline_strategy()
     reference = Trial("eager", base, "reference", warmup=1)
     runner.prepare(reference)
@@ -141,3 +169,28 @@ def test_the_eager_combination_is_measured_before_a_compile_that_overruns_its_pr
     assert compiled.status != "ok" or compiled.step_rounds
     ratio = compare_paired(expert.step_times, expert.step_rounds, reference.step_times, reference.step_rounds)
     assert abs(ratio.ratio - 0.8 * 0.95) < 0.03
+
+
+def test_a_setting_that_ties_alone_is_timed_beside_the_faster_one():
+    """The fused update changes nothing here (x1.0): alone it is no faster, and channels_last is the
+    only faster proposal; ``all not slower`` times the two together."""
+    clock, runner, base, reference = _started(fused=1.0)
+    timed = [p for p in conv_proposals() if p.compile_cost == 0]
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(60.0, clock=clock))
+    by_label = {t.label: t for t in trials}
+    assert "fused_optimizer" not in faster_labels(trials, reference)
+    assert "fused_optimizer" in not_slower_labels(trials, reference)
+    assert "threads=1" not in not_slower_labels(trials, reference)
+    wider = by_label[ALL_NOT_SLOWER]
+    assert wider.measured and wider.strategy.channels_last and wider.strategy.fused_optimizer
+    assert wider.strategy.intra_op_threads == 0
+
+
+def test_the_ties_combination_is_timed_after_the_compiles():
+    clock, runner, base, reference = _started(fused=1.0)
+    timed = [p for p in conv_proposals() if p.label != "backend=graph"]
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(400.0, clock=clock))
+    by_label = {t.label: t for t in trials}
+    wider, compiled = by_label[ALL_NOT_SLOWER], by_label[f"{ALL_FASTER} + backend=inductor"]
+    assert wider.measured and compiled.measured, (wider.status, compiled.status)
+    assert min(wider.step_rounds) > max(compiled.step_rounds)

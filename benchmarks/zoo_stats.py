@@ -1,0 +1,89 @@
+"""Numbers for ``benchmarks/zoo.py``'s table: paired per-round speed-ups, verdicts, the geomean, the table."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from hotloop.tools.hardware import HardwareInfo
+from hotloop.tools.significance import compare_paired
+
+__all__ = ["cpu_flags", "paired_speedup", "geomean", "verdicts", "print_table", "round_order"]
+
+
+def round_order(n: int, r: int) -> list[int]:
+    """Round ``r``'s order of ``n`` contenders (indices): a balanced Latin square (Williams design).
+
+    Over every ``n`` rounds (``2n`` for odd ``n``) each contender runs once in each position and
+    right after every other contender equally often, so a block's neighbour (a block that leaves
+    the caches or the allocator in some state) and its place in the round fall on every contender
+    alike. Reversing the order every other round does not: the cyclic order stays, and the same
+    contender always runs after the same one."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:             # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    if n % 2 == 0:
+        return [(i + r) % n for i in first]
+    row = [(i + r // 2) % n for i in first]
+    return row[::-1] if r % 2 else row
+
+
+def cpu_flags(hw: HardwareInfo) -> dict[str, Any]:
+    """The machine's usable instruction sets, the caps in force and fast-bf16 flags (or the GPU)."""
+    return {"isa": list(hw.cpu_isa), "caps": list(hw.cpu_caps), "fast_bf16_flags": list(hw.cpu_bf16),
+            "cpu_model": hw.cpu_model, **({"gpu": hw.cuda_name} if hw.device == "cuda" else {})}
+
+
+def paired_speedup(reference: list[float], contender: list[float]) -> dict[str, Any]:
+    """``reference`` block time / ``contender``'s, paired by round (one block each per round, so a
+    round's load hits both): the geometric mean of the per-round ratios, its two-sided 80% interval
+    (each bound a one-sided 90% bound) and the verdict "faster" (the contender, with 90% confidence),
+    "slower" or "tie"; "unpaired" with fewer than three rounds."""
+    rounds = list(range(min(len(reference), len(contender))))
+    c = compare_paired(contender[:len(rounds)], rounds, reference[:len(rounds)], rounds)
+    if not c.paired:
+        return {"paired": None, "interval90": None, "verdict": "unpaired", "pairs": c.pairs}
+    low, high = 1 / c.upper, 1 / c.lower       # bounds of the time ratio, turned into speed-ups
+    verdict = "faster" if low > 1 else "slower" if high < 1 else "tie"
+    return {"paired": 1 / c.ratio, "interval90": [low, high], "verdict": verdict, "pairs": c.pairs}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(statistics.mean(math.log(v) for v in values))
+
+
+def _interval(paired: dict[str, Any]) -> str:
+    if paired["interval90"] is None:
+        return "unpaired"
+    low, high = paired["interval90"]
+    return f"{low:.2f}-{high:.2f}x {paired['verdict']}"
+
+
+def verdicts(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
+    """Models by verdict of ``key`` (``vs_expert_paired`` or ``vs_naive_paired``)."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        out.setdefault(r[key]["verdict"], []).append(r["model"])
+    return out
+
+
+def print_table(rows: list[dict[str, Any]], compiled: bool) -> None:
+    """The naive, expert (and compiled) and hotloop columns, samples/s, with hotloop's ratios."""
+    head = f"{'model':18s} {'naive/s':>9s} {'expert/s':>9s} " + (f"{'compiled/s':>10s} " if compiled else "")
+    print(head + f"{'hotloop/s':>9s} {'vs naive':>9s} {'vs expert':>9s}" + (f" {'vs comp.':>9s}" if compiled else "")
+          + f" {'vs expert, 80% interval':>24s}  last-block loss naive / expert / hotloop")
+    for r in rows:
+        line = f"{r['model']:18s} {r['plain_samples_per_s']:9.2f} {r['expert_samples_per_s']:9.2f} "
+        has = "expert_compiled_samples_per_s" in r
+        if compiled:
+            line += f"{r['expert_compiled_samples_per_s']:10.2f} " if has else f"{'-':>10s} "
+        line += f"{r['hotloop_samples_per_s']:9.2f} {r['speedup_vs_naive']:8.2f}x {r['speedup_vs_expert']:8.2f}x"
+        if compiled:
+            line += f" {r['speedup_vs_expert_compiled']:8.2f}x" if has else f" {'-':>9s}"
+        losses = f"{r['plain_loss']:.4f} / {r['expert_loss']:.4f} / {r['hotloop_loss']:.4f}"
+        control = f"  control {_interval(r['control_paired'])}" if "control_paired" in r else ""
+        print(line + f" {_interval(r['vs_expert_paired']):>24s}  {losses}{control}")
