@@ -8,12 +8,12 @@ the ties added (``all not slower``), so a setting whose gain alone is within noi
 update on a conv net of large tensors) still gets timed beside the others and the ranking
 (:mod:`hotloop.tools.ranking`) keeps the wider one unless it measured slower; then each
 compiling backend on top of ``all faster`` (``all faster + backend=...``, in the rules' order:
-inductor first), then each backend alone. The ties' combination is timed after the compiles,
-in what they leave of the budget: on a slow step (Transformer-base, 2.5 s) timing it first
-left no room for the compile that was the bigger lever. The combination is timed to the end, in rounds of its own, before the first
-compile starts, so a compile that takes longer than its price cannot leave it unmeasured.
-A proposal that measured slower alone (with 90% confidence) never enters a combination, so one slow setting (a thread
-count, a layout the model does not like) cannot hide the gain of the others.
+inductor first), then each backend alone. ``all faster`` is timed to the end, in rounds of its
+own, before the first compile starts, so a compile that takes longer than its price cannot leave
+it unmeasured. ``all not slower`` is timed after the compiles, in what they leave of the budget:
+on a slow step both may not fit, and its gain over ``all faster`` is within noise by definition.
+A proposal that measured slower alone (with 90% confidence) never enters a combination, so one
+slow setting (a thread count, a layout the model does not like) cannot hide the gain of the others.
 
 With one timed proposal there is one stage; with none that compiles nothing, stage one times
 the backends alone and stage two has nothing left to time.
