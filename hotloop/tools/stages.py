@@ -24,7 +24,7 @@ from typing import Sequence
 
 from ..engine.strategy import Strategy
 from .proposals import Proposal, combine
-from .significance import compare_paired
+from .significance import Comparison, compare_paired
 from .trials import Budget, Trial, TrialRunner
 
 __all__ = ["ALL_FASTER", "ALL_NOT_SLOWER", "stage_one", "stage_two", "faster_labels", "not_slower_labels",
@@ -56,26 +56,21 @@ def stage_two(timed: Sequence[Proposal], faster: Sequence[str], not_slower: Sequ
     return out
 
 
+def _ratios(trials: Sequence[Trial], reference: Trial) -> list[tuple[str, Comparison]]:
+    """Each measured trial's label and paired comparison with ``reference``."""
+    return [(t.label, compare_paired(t.step_times, t.step_rounds, reference.step_times, reference.step_rounds))
+            for t in trials if t.measured and t is not reference]
+
+
 def faster_labels(trials: Sequence[Trial], reference: Trial) -> list[str]:
     """Labels of the measured trials whose paired ratio to ``reference`` is below 1."""
-    out = []
-    for t in trials:
-        if t.measured and t is not reference:
-            ratio = compare_paired(t.step_times, t.step_rounds, reference.step_times, reference.step_rounds).ratio
-            if ratio < 1.0:
-                out.append(t.label)
-    return out
+    return [label for label, c in _ratios(trials, reference) if c.ratio < 1.0]
 
 
 def not_slower_labels(trials: Sequence[Trial], reference: Trial) -> list[str]:
     """Labels of the measured trials not slower than ``reference`` with 90% confidence (the lower bound
     of the paired ratio at most 1; by medians, the ratio itself): the faster ones and the ties."""
-    out = []
-    for t in trials:
-        if t.measured and t is not reference:
-            if compare_paired(t.step_times, t.step_rounds, reference.step_times, reference.step_rounds).lower <= 1.0:
-                out.append(t.label)
-    return out
+    return [label for label, c in _ratios(trials, reference) if c.lower <= 1.0]
 
 
 def run_in_stages(runner: TrialRunner, timed: Sequence[Proposal], reference: Trial, base: Strategy, steps: int,
