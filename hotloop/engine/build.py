@@ -86,8 +86,10 @@ def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool, kernel: 
 
 def make_backend(strategy: Strategy, model: nn.Module, precision: Precision, *, phases: int,
                  data_parallel: bool, report: list[str]) -> Backend:
-    """The backend ``strategy.backend`` names (a phased step runs eagerly, and says so)."""
-    if strategy.backend != "eager" and phases > 1:
+    """The backend ``strategy.backend`` names. A phased step compiles its networks one by one
+    with inductor (:mod:`hotloop.engine.compiled_networks`); under the graph backend it runs
+    eagerly, and says so."""
+    if strategy.backend == "graph" and phases > 1:
         backend = EagerBackend(report)
         backend.fall_back(f"fallback: a step of {phases} phases runs eagerly (backend={strategy.backend})")
         return backend
@@ -95,8 +97,10 @@ def make_backend(strategy: Strategy, model: nn.Module, precision: Precision, *, 
         from .graph_backend import GraphBackend
         return GraphBackend(model, strategy, precision, data_parallel=data_parallel, report=report)
     if strategy.backend == "inductor":
+        from .compiled_networks import compile_networks
         from .inductor_backend import InductorBackend
-        return InductorBackend(precision.device, strategy.cuda_graphs, report)
+        return InductorBackend(precision.device, strategy.cuda_graphs, report,
+                               networks=compile_networks(model) if phases > 1 else None)
     return EagerBackend(report)
 
 

@@ -1,5 +1,9 @@
 """``backend="inductor"``: the forward + loss is ``torch.compile``d (AOT autograd compiles the backward).
 
+A step of several phases (a GAN) compiles its networks one by one instead, and runs each phase
+loss's own Python (pools of fakes, their random draws) eagerly around them
+(:mod:`hotloop.engine.compiled_networks`).
+
 Clipping and the optimizer update stay eager (multi-tensor kernels), in the one
 step. Graph breaks are counted from dynamo's counters after the first call; if
 compiling fails (no C++ compiler, an unsupported op) the micro-batch runs
@@ -20,6 +24,7 @@ from ..models.base import LossOutput
 from ..problems.base import Batch
 from .backends import EagerBackend, ForwardBackward
 from .compile_cache import CompileStats, measure_compile, use_compile_cache
+from .compiled_networks import CompiledNetworks
 from .precision import Precision
 from .step_parts import LossFn, PhaseHook
 
@@ -27,22 +32,36 @@ __all__ = ["InductorBackend"]
 
 
 class InductorBackend(EagerBackend):
-    """The eager backend with each loss function ``torch.compile``d once."""
+    """The eager backend with each loss function ``torch.compile``d once, or, given ``networks``
+    (a phased step), each of those modules compiled and the loss functions run eagerly around them."""
 
     name = "inductor"
 
-    def __init__(self, device: torch.device, cuda_graphs: bool, report: list[str] | None = None) -> None:
+    def __init__(self, device: torch.device, cuda_graphs: bool, report: list[str] | None = None,
+                 networks: list[nn.Module] | None = None) -> None:
         super().__init__(report)
         self.mode = "reduce-overhead" if cuda_graphs else None
         self.compiled: dict[int, Callable[..., LossOutput]] = {}     # id(loss_fn) -> compiled loss
         self.graph_breaks = 0
-        self.compile_stats: CompileStats | None = None      # the first compilation (None before it)
+        self.compile_stats: CompileStats | None = None      # every first call's compilation (None before one)
+        self.networks: CompiledNetworks | None = None
         if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
             self.fall_back("fallback: inductor on CPU needs a C++ compiler (none on PATH)")
-        else:
-            use_compile_cache()
+            return
+        use_compile_cache()
+        if networks is not None:
+            self.networks = CompiledNetworks(networks, self.mode)
+            self.report.append(f"inductor: {self.networks.describe()}; the losses' own code runs eagerly")
 
     def _compile(self, loss_fn: LossFn) -> Callable[..., LossOutput]:
+        if self.networks is not None:
+            active = self.networks.active
+
+            def with_compiled_networks(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
+                with active():
+                    return loss_fn(model, batch, state)
+            return with_compiled_networks
+
         def forward(m: nn.Module, batch: Batch, state: Any) -> tuple:
             out = loss_fn(m, batch, state)
             return out.loss, out.stats, out.state, out.weight
@@ -78,6 +97,8 @@ class InductorBackend(EagerBackend):
         self.graph_breaks = sum(counters["graph_break"].values()) - before
         if self.compile_stats is None:
             self.compile_stats = stats
+        else:             # a second loss function (another phase, or accumulation's weighted one)
+            self.compile_stats.merge(stats)
         self.report.append(f"inductor: {stats.line()}, {self.graph_breaks} graph break(s)")
         for reason, count in counters["graph_break"].items():
             self.report.append(f"graph break x{count}: {str(reason).splitlines()[0][:160]}")

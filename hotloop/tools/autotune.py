@@ -41,6 +41,7 @@ from torch import nn
 from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.process_settings import apply_process_settings
 from ..engine.dropout_masks import with_dropout_option
+from ..engine.compiled_networks import compile_networks
 from ..engine.program import model_phases
 from ..engine.parity import REFERENCE, ParityCase, changes_random_stream, check_parity
 from ..engine.strategy import Strategy
@@ -87,9 +88,17 @@ def read_batches(problem: Problem, hp: HParams, count: int, device: torch.device
 
 
 def _engine_backends(model: nn.Module) -> tuple[str, ...]:
-    """Capture backends the engine provides for ``model`` (none for a step of several phases, which
-    runs eagerly: :func:`hotloop.engine.build.make_backend`)."""
-    return () if len(model_phases(model) or ()) > 1 else ("graph", "inductor")
+    """Capture backends the engine provides for ``model`` (a step of several phases: inductor, which
+    compiles its networks one by one; the graph backend runs it eagerly:
+    :func:`hotloop.engine.build.make_backend`)."""
+    return ("inductor",) if len(model_phases(model) or ()) > 1 else ("graph", "inductor")
+
+
+def _network_types(model: nn.Module) -> tuple[type, ...]:
+    """Types of the networks a phased step compiles one by one (none for a one-loss model)."""
+    if len(model_phases(model) or ()) < 2:
+        return ()
+    return tuple({type(net) for net in compile_networks(model)})
 
 
 def _record_compiles(key: dict, trials: Sequence[Trial]) -> None:
@@ -148,7 +157,7 @@ def _calibrate(runner: TrialRunner, baseline: Trial, model: nn.Module, budget_fo
         baseline.warmup = 2
         torch.set_num_threads(1)
         try:
-            with counting() as counts:
+            with counting(_network_types(model)) as counts:
                 runner.step(baseline)
         finally:
             torch.set_num_threads(threads)
@@ -336,7 +345,7 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         reader_share = reader.ratio * max(1, hp.accum_steps)     # one step's batches read / the step
         load = _load_average()
         planned_run_s = planned_steps * eager_s if planned_steps else planned_seconds
-        compile_costs = next_compile_prices(key, facts.ops_per_step)
+        compile_costs = next_compile_prices(key, facts.compiled_ops or facts.ops_per_step)
         proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(model),
                             planned_seconds=planned_run_s, compile_costs=compile_costs, load=load, formulations=_formulation_options(model),
                             clip_foldable=_clip_foldable(hp, device),

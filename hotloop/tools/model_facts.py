@@ -47,10 +47,11 @@ class ModelFacts:
     flops_per_step: float = 0.0          # forward + backward, one optimizer step
     ops_per_step: int = 0                # aten ops dispatched in forward + backward
     flop_share: dict[str, float] = field(default_factory=dict)  # "matmul"/"conv"/"other" -> 0..1
+    compiled_ops: int = 0                # aten ops a compile of the step traces (see StepCounts)
 
     def with_counts(self, counts: "StepCounts") -> "ModelFacts":
         return dataclasses.replace(self, flops_per_step=counts.flops, ops_per_step=counts.ops,
-                                   flop_share=dict(counts.share))
+                                   flop_share=dict(counts.share), compiled_ops=counts.compiled_ops)
 
     @property
     def flops_per_op(self) -> float:
@@ -61,7 +62,9 @@ class ModelFacts:
         share = ", ".join(f"{k} {v:.0%}" for k, v in self.flop_share.items())
         return (f"{self.model_class}: {self.params / 1e6:.2f}M params; layers {layers}; "
                 f"{self.flops_per_step / 1e9:.3f} GFLOP/step over {self.ops_per_step} ops "
-                f"({self.flops_per_op / 1e6:.2f} MFLOP/op); FLOPs {share or 'n/a'}")
+                f"({self.flops_per_op / 1e6:.2f} MFLOP/op); FLOPs {share or 'n/a'}"
+                + (f"; networks compiled one by one trace ~{self.compiled_ops} ops"
+                   if self.compiled_ops and self.compiled_ops != self.ops_per_step else ""))
 
 
 def count_layers(model: nn.Module) -> tuple[dict[str, int], int, bool]:
@@ -112,18 +115,48 @@ class StepCounts:
     flops: float = 0.0
     ops: int = 0
     share: dict[str, float] = field(default_factory=dict)
+    network_calls: int = 0        # calls of the networks compiled one by one (``counting(networks)``)
+    network_kinds: int = 0        # distinct kinds of those calls: what dynamo compiles a graph for
+
+    @property
+    def compiled_ops(self) -> int:
+        """Ops a compile traces: all of them for a whole-loss compile; with networks compiled one by
+        one, the ops times the share of network calls that are of a kind not seen before."""
+        if not self.network_calls:
+            return self.ops
+        return round(self.ops * self.network_kinds / self.network_calls)
+
+
+def _call_kind(module: nn.Module, args: tuple) -> tuple:
+    """What a compiled network's guards tell apart: its type, the grad mode, and each tensor
+    argument's shape, dtype and requires_grad."""
+    tensors = tuple((tuple(a.shape), a.dtype, a.requires_grad) for a in args if isinstance(a, torch.Tensor))
+    return type(module), torch.is_grad_enabled(), tensors
 
 
 @contextlib.contextmanager
-def counting() -> Iterator[StepCounts]:
-    """Count FLOPs (torch's FlopCounterMode) and aten ops of whatever runs inside the block."""
+def counting(network_types: tuple[type, ...] = ()) -> Iterator[StepCounts]:
+    """Count FLOPs (torch's FlopCounterMode) and aten ops of whatever runs inside the block, and
+    the calls of modules of ``network_types`` (the networks a phased step compiles one by one)."""
     counts = StepCounts()
     counter = FlopCounterMode(display=False)
     ops = _OpCounter()
-    with counter, ops:
-        yield counts
+    kinds: set[tuple] = set()
+
+    def seen(module: nn.Module, args: tuple) -> None:
+        if isinstance(module, network_types):
+            counts.network_calls += 1
+            kinds.add(_call_kind(module, args))
+    hook = nn.modules.module.register_module_forward_pre_hook(seen) if network_types else None
+    try:
+        with counter, ops:
+            yield counts
+    finally:
+        if hook is not None:
+            hook.remove()
     counts.flops, counts.share = _share(counter.get_flop_counts())
     counts.ops = ops.count
+    counts.network_kinds = len(kinds)
 
 
 def initial_state_for(model: nn.Module, batch: Batch, device: torch.device) -> Any:

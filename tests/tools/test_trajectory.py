@@ -98,3 +98,34 @@ def test_the_bf16_rounding_floor_of_a_smooth_model_loosens_nothing():
     with preserved_process_state():
         floor = chaos_floor(*_runner("algorithmic_copy", "mlp", "mlp_algorithmic", 12), 12, "bf16")
     assert 0 < floor < 3e-2 / CHAOS_FACTOR, floor
+
+
+def test_the_fp32_floor_is_the_median_over_the_sign_patterns(monkeypatch):
+    """One sign pattern is a noisy sample of a chaotic trajectory: the floor is the median over
+    FLOOR_SEEDS; a rounding floor (bf16) is deterministic and runs once."""
+    from hotloop.tools import trajectory
+    seen: list[tuple[str, int]] = []
+    deviations = {0: 3.3e-5, 1: 3.8e-4, 2: 1.5e-4}      # cyclegan_small's first three patterns
+
+    def moved(runner, baseline, steps, precision, seed):
+        seen.append((precision, seed))
+        return deviations[seed]
+    monkeypatch.setattr(trajectory, "_moved_deviation", moved)
+    assert trajectory.FLOOR_SEEDS == (0, 1, 2)
+    assert chaos_floor(None, BASE, 3) == 1.5e-4
+    assert seen == [("fp32", 0), ("fp32", 1), ("fp32", 2)]
+    seen.clear()
+    assert chaos_floor(None, BASE, 3, "bf16") == 3.3e-5 and seen == [("bf16", 0)]
+    monkeypatch.setattr(trajectory, "_moved_deviation", lambda *a: None)   # a failed run: no floor
+    assert chaos_floor(None, BASE, 3) == 0.0
+
+
+def test_the_sign_patterns_differ_by_seed():
+    from hotloop.tools.trajectory import _perturb
+    torch.manual_seed(0)
+    a = torch.nn.Linear(32, 32)
+    b = torch.nn.Linear(32, 32)
+    b.load_state_dict(a.state_dict())
+    _perturb(a, "fp32", 0)
+    _perturb(b, "fp32", 1)
+    assert not torch.equal(a.weight, b.weight)
