@@ -6,7 +6,9 @@ first call (a cold compile: every FX graph compiled), the second times the first
 code loaded from the cache). Both report inductor's cache counters, so a row says which it was.
 The op count ``ops_per_step`` is counted as the tuner counts eager's step before it proposes
 anything (aten ops of one forward, backward and per-tensor optimizer update; the forward and
-backward alone, which inductor compiles, are ``forward_backward_ops``). A cold compile is a fixed
+backward alone, which inductor compiles, are ``forward_backward_ops``; a phased step, whose
+networks compile one by one, counts the ops times the share of its network calls of a new kind,
+``StepCounts.compiled_ops``). A cold compile is a fixed
 start-up plus work per traced op: :func:`price_line` fits that line through the rows and scales it
 up until it covers every row with a margin (:data:`MARGIN`), and ``hotloop.tools.compile_prices``
 prices a cold compile by it.
@@ -47,6 +49,7 @@ def _one(name: str) -> dict[str, Any]:
     from hotloop.compose.build import build_run
     from hotloop.data import to_device
     from hotloop.engine import Strategy, build_step
+    from hotloop.engine.compiled_networks import network_types
     from hotloop.tools.model_facts import analyze_model, counting
     from hotloop.tools.proposals import baseline_strategy
     from zoo import MODEL_OF, ZOO
@@ -58,8 +61,8 @@ def _one(name: str) -> dict[str, Any]:
     fwd_bwd_ops = analyze_model(run.model, batch).ops_per_step
     eager = build_step(copy.deepcopy(run.model).train(), run.hp, baseline_strategy())
     eager.step([batch])
-    with counting() as counts:       # as the tuner counts eager's step: the per-tensor update's ops too
-        eager.step([batch])
+    with counting(network_types(run.model)) as counts:   # as the tuner counts eager's step (the per-tensor
+        eager.step([batch])                               # update's ops too; a phased step's distinct calls)
     built = build_step(run.model.train(), run.hp, Strategy(backend="inductor", fused_optimizer=False))
     backend = built.step.backend
     start = time.perf_counter()
@@ -69,7 +72,7 @@ def _one(name: str) -> dict[str, Any]:
     float(built.step([batch]).loss)
     second = time.perf_counter() - start
     stats = getattr(backend, "compile_stats", None)      # None: the step fell back to eager
-    return {"ops_per_step": counts.ops, "forward_backward_ops": fwd_bwd_ops, "first_step_s": first,
+    return {"ops_per_step": counts.compiled_ops, "forward_backward_ops": fwd_bwd_ops, "first_step_s": first,
             "second_step_s": second,
             "compile_s": stats.seconds if stats else None, "counts": stats.counts if stats else {},
             "cached": bool(stats and stats.cached), "fallback": backend.fallback_reason}

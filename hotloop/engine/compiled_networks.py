@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-__all__ = ["CompiledNetworks", "compile_networks"]
+__all__ = ["CompiledNetworks", "compile_networks", "network_types"]
 
 
 def compile_networks(model: nn.Module) -> list[nn.Module]:
@@ -29,6 +29,15 @@ def compile_networks(model: nn.Module) -> list[nn.Module]:
     if callable(units):
         return list(units())
     return [child for child in model.children() if any(p.requires_grad for p in child.parameters())]
+
+
+def network_types(model: nn.Module) -> tuple[type, ...]:
+    """Types of the networks a step of ``model`` compiles one by one: those of :func:`compile_networks`
+    for a model of several phases, none for a one-loss model (its whole loss is one graph)."""
+    from .program import model_phases
+    if len(model_phases(model) or ()) < 2:
+        return ()
+    return tuple(dict.fromkeys(type(net) for net in compile_networks(model)))
 
 
 class CompiledNetworks:

@@ -41,7 +41,7 @@ from torch import nn
 from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.process_settings import apply_process_settings
 from ..engine.dropout_masks import with_dropout_option
-from ..engine.compiled_networks import compile_networks
+from ..engine.compiled_networks import network_types
 from ..engine.program import model_phases
 from ..engine.parity import REFERENCE, ParityCase, changes_random_stream, check_parity
 from ..engine.strategy import Strategy
@@ -92,13 +92,6 @@ def _engine_backends(model: nn.Module) -> tuple[str, ...]:
     compiles its networks one by one; the graph backend runs it eagerly:
     :func:`hotloop.engine.build.make_backend`)."""
     return ("inductor",) if len(model_phases(model) or ()) > 1 else ("graph", "inductor")
-
-
-def _network_types(model: nn.Module) -> tuple[type, ...]:
-    """Types of the networks a phased step compiles one by one (none for a one-loss model)."""
-    if len(model_phases(model) or ()) < 2:
-        return ()
-    return tuple({type(net) for net in compile_networks(model)})
 
 
 def _record_compiles(key: dict, trials: Sequence[Trial]) -> None:
@@ -157,7 +150,7 @@ def _calibrate(runner: TrialRunner, baseline: Trial, model: nn.Module, budget_fo
         baseline.warmup = 2
         torch.set_num_threads(1)
         try:
-            with counting(_network_types(model)) as counts:
+            with counting(network_types(model)) as counts:
                 runner.step(baseline)
         finally:
             torch.set_num_threads(threads)
