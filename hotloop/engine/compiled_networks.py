@@ -4,7 +4,7 @@ A phased model's losses (a GAN's) keep Python state between phases: CycleGAN's i
 their own random numbers and the generator phase leaves its fakes for the discriminator phase.
 Compiling a whole phase loss would trace that bookkeeping into the graph, draw inductor's random
 numbers in place of eager's, and compile one large graph per phase (157 s for ``cyclegan_small``
-on the 2-core EPYC). Compiling each network instead (the generators and discriminators) leaves
+on the 2-core EPYC, ``docs/data/zoo_cyclegan_compiled_expert.json``). Compiling each network instead (the generators and discriminators) leaves
 the bookkeeping eager, in eager's random stream, and compiles each network's forward (and, through
 AOT autograd, its backward) once per kind of call; networks of the same structure share their code.
 
