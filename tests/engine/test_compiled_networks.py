@@ -84,3 +84,17 @@ def test_cyclegan_under_inductor_trains_like_eager():
     assert sum(line.startswith("inductor: compiled") or line.startswith("inductor: loaded")
                for line in result.report) == 2, result.report                # one first call per phase
     assert result.update is not None and result.update.within(result.update_tol), result.reason()
+
+
+def test_the_price_counts_the_ops_of_distinct_network_calls():
+    """Three calls of one network, two of them alike: a compile traces two graphs' worth of the ops."""
+    from hotloop.tools.model_facts import counting
+    net = nn.Linear(4, 4)
+    x, y = torch.randn(2, 4), torch.randn(3, 4)
+    with counting((nn.Linear,)) as counts:
+        net(x), net(x), net(y)
+    assert (counts.network_calls, counts.network_kinds) == (3, 2)
+    assert counts.ops > 0 and counts.compiled_ops == round(counts.ops * 2 / 3)
+    with counting() as plain:                  # a one-loss step: every op is traced
+        net(x)
+    assert plain.network_calls == 0 and plain.compiled_ops == plain.ops
