@@ -4,8 +4,8 @@ A phased model's losses (a GAN's) keep Python state between phases: CycleGAN's i
 their own random numbers and the generator phase leaves its fakes for the discriminator phase.
 Compiling a whole phase loss would trace that bookkeeping into the graph, draw inductor's random
 numbers in place of eager's, and compile one large graph per phase (157 s for ``cyclegan_small``
-on the 2-core EPYC, ``docs/data/zoo_cyclegan_compiled_expert.json``). Compiling each network instead (the generators and discriminators) leaves
-the bookkeeping eager, in eager's random stream, and compiles each network's forward (and, through
+on the 2-core EPYC, ``docs/data/zoo_cyclegan_compiled_expert.json``). Compiling each network
+instead (the generators and discriminators) leaves the bookkeeping eager, in eager's random stream, and compiles each network's forward (and, through
 AOT autograd, its backward) once per kind of call; networks of the same structure share their code.
 
 The compiled calls are switched on only inside the step's forward (:meth:`CompiledNetworks.active`):
@@ -18,6 +18,8 @@ from typing import Iterator
 
 import torch
 from torch import nn
+
+from .program import model_phases
 
 __all__ = ["CompiledNetworks", "compile_networks", "network_types"]
 
@@ -34,7 +36,6 @@ def compile_networks(model: nn.Module) -> list[nn.Module]:
 def network_types(model: nn.Module) -> tuple[type, ...]:
     """Types of the networks a step of ``model`` compiles one by one: those of :func:`compile_networks`
     for a model of several phases, none for a one-loss model (its whole loss is one graph)."""
-    from .program import model_phases
     if len(model_phases(model) or ()) < 2:
         return ()
     return tuple(dict.fromkeys(type(net) for net in compile_networks(model)))

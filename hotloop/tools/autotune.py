@@ -338,7 +338,7 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         reader_share = reader.ratio * max(1, hp.accum_steps)     # one step's batches read / the step
         load = _load_average()
         planned_run_s = planned_steps * eager_s if planned_steps else planned_seconds
-        compile_costs = next_compile_prices(key, facts.compiled_ops or facts.ops_per_step)
+        compile_costs = next_compile_prices(key, facts.compiled_ops)
         proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(model),
                             planned_seconds=planned_run_s, compile_costs=compile_costs, load=load, formulations=_formulation_options(model),
                             clip_foldable=_clip_foldable(hp, device),
