@@ -86,9 +86,9 @@ def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool, kernel: 
 
 def make_backend(strategy: Strategy, model: nn.Module, precision: Precision, *, phases: int,
                  data_parallel: bool, report: list[str]) -> Backend:
-    """The backend ``strategy.backend`` names. A phased step compiles its networks one by one
-    with inductor (:mod:`hotloop.engine.compiled_networks`); under the graph backend it runs
-    eagerly, and says so."""
+    """The backend ``strategy.backend`` names. Inductor compiles a phased step's networks, or the
+    ``compile_units()`` a model names, one by one (:mod:`hotloop.engine.compiled_networks`), and
+    any other step's whole loss; under the graph backend a phased step runs eagerly, and says so."""
     if strategy.backend == "graph" and phases > 1:
         backend = EagerBackend(report)
         backend.fall_back(f"fallback: a step of {phases} phases runs eagerly (backend={strategy.backend})")
@@ -99,8 +99,9 @@ def make_backend(strategy: Strategy, model: nn.Module, precision: Precision, *, 
     if strategy.backend == "inductor":
         from .compiled_networks import compile_networks
         from .inductor_backend import InductorBackend
+        by_units = phases > 1 or callable(getattr(model, "compile_units", None))
         return InductorBackend(precision.device, strategy.cuda_graphs, report,
-                               networks=compile_networks(model) if phases > 1 else None)
+                               networks=compile_networks(model) if by_units else None)
     return EagerBackend(report)
 
 

@@ -1,12 +1,17 @@
-"""The inductor backend's scope for a step of several phases: each network compiled on its own.
+"""The inductor backend's scope when the whole loss is not one graph: each unit compiled on its own.
 
-A phased model's losses (a GAN's) keep Python state between phases: CycleGAN's image pools draw
-their own random numbers and the generator phase leaves its fakes for the discriminator phase.
-Compiling a whole phase loss would trace that bookkeeping into the graph, draw inductor's random
-numbers in place of eager's, and compile one large graph per phase (157 s for ``cyclegan_small``
-on the 2-core EPYC, ``docs/data/zoo_cyclegan_compiled_expert.json``). Compiling each network
-instead (the generators and discriminators) leaves the bookkeeping eager, in eager's random stream, and compiles each network's forward (and, through
-AOT autograd, its backward) once per kind of call; networks of the same structure share their code.
+Two kinds of step compile unit by unit. A phased model's losses (a GAN's) keep Python state
+between phases: CycleGAN's image pools draw their own random numbers and the generator phase
+leaves its fakes for the discriminator phase. Compiling a whole phase loss would trace that
+bookkeeping into the graph, draw inductor's random numbers in place of eager's, and compile one
+large graph per phase (157 s for ``cyclegan_small`` on the 2-core EPYC,
+``docs/data/zoo_cyclegan_compiled_expert.json``). Compiling each network instead (the generators
+and discriminators) leaves the bookkeeping eager, in eager's random stream, and compiles each
+network's forward (and, through AOT autograd, its backward) once per kind of call; networks of the
+same structure share their code. A model whose loss has shapes that depend on the data (Mask
+R-CNN's proposal sampling) names the parts that do compile in ``compile_units()``; a unit with
+``dynamic_shapes = True`` (RoIAlign, whose region count changes every call) is compiled once for
+symbolic shapes instead of once per shape.
 
 The compiled calls are switched on only inside the step's forward (:meth:`CompiledNetworks.active`):
 evaluation, export and checkpoints see the plain modules, and a state dict keeps its keys.
@@ -21,7 +26,7 @@ from torch import nn
 
 from .program import model_phases
 
-__all__ = ["CompiledNetworks", "compile_networks", "network_types"]
+__all__ = ["CompiledNetworks", "compile_networks", "network_types", "compiles_by_units", "dynamic_shapes"]
 
 
 def compile_networks(model: nn.Module) -> list[nn.Module]:
@@ -33,12 +38,23 @@ def compile_networks(model: nn.Module) -> list[nn.Module]:
     return [child for child in model.children() if any(p.requires_grad for p in child.parameters())]
 
 
+def compiles_by_units(model: nn.Module) -> bool:
+    """Whether the inductor backend compiles ``model``'s step unit by unit: a model of several
+    phases, or one that names its ``compile_units()``; else its whole loss is one graph."""
+    return len(model_phases(model) or ()) > 1 or callable(getattr(model, "compile_units", None))
+
+
 def network_types(model: nn.Module) -> tuple[type, ...]:
-    """Types of the networks a step of ``model`` compiles one by one: those of :func:`compile_networks`
-    for a model of several phases, none for a one-loss model (its whole loss is one graph)."""
-    if len(model_phases(model) or ()) < 2:
+    """Types of the units a step of ``model`` compiles one by one (:func:`compile_networks`), none
+    when its whole loss is one graph (:func:`compiles_by_units`)."""
+    if not compiles_by_units(model):
         return ()
     return tuple(dict.fromkeys(type(net) for net in compile_networks(model)))
+
+
+def dynamic_shapes(net: nn.Module) -> bool:
+    """Whether ``net`` is compiled for symbolic shapes (its ``dynamic_shapes`` attribute)."""
+    return bool(getattr(net, "dynamic_shapes", False))
 
 
 class CompiledNetworks:
@@ -49,7 +65,8 @@ class CompiledNetworks:
             raise ValueError("no network to compile: the model has no child module with trainable parameters")
         self.networks = list(networks)
         # what nn.Module.compile() sets; assigned here only while the step runs (see active)
-        self.calls = [torch.compile(net._call_impl, mode=mode) for net in self.networks]
+        self.calls = [torch.compile(net._call_impl, mode=mode, dynamic=True if dynamic_shapes(net) else None)
+                      for net in self.networks]
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

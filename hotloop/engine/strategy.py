@@ -69,6 +69,7 @@ class Strategy:
     ce_chunk_rows: int = 0              # rows of logits live at once in fused_ce (0: its default)
     ce_gemm_dtype: str = "fp32"         # fused_ce GEMM operands "fp32" | "bf16" (changes rounding)
     dropout_masks: str = "bernoulli"    # "bernoulli" | "bits16" (other random draws, same rate)
+    roi_align_impl: str = "gather"      # "gather" | "separable" (two batched GEMMs; fp32 reordering)
     clip_via_lr: bool = False           # plain SGD: clip by scaling the step's lr (changes rounding)
 
     @property

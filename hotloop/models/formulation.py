@@ -3,7 +3,7 @@
 A paper reports a model's hparams (sizes, dropout rate, learning rate, clipping
 norm). How the same function is evaluated (which LSTM kernel, whether the output
 projection and cross-entropy are chunked, the operand dtype of their GEMMs, how
-dropout masks are drawn) is a speed choice: it belongs to the Strategy, where
+dropout masks are drawn, how RoIAlign pools) is a speed choice: it belongs to the Strategy, where
 ``--strategy auto`` times it on the machine at hand and the parity guard checks
 it. :class:`Formulation` is the typed view of those Strategy fields that a model
 reads; the plain fp32 formulation is its default.
@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..ops.dropout import DROPOUT_MASKS
+from ..ops.roi_align import ROI_ALIGN_FORMULATIONS
 from .lstm_cells import LSTM_IMPLS
 
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
@@ -33,6 +34,7 @@ FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
     "lstm_gemm_dtype": GEMM_DTYPES,
     "ce_gemm_dtype": GEMM_DTYPES,
     "dropout_masks": tuple(DROPOUT_MASKS),
+    "roi_align_impl": ROI_ALIGN_FORMULATIONS,
 }
 
 #: how an option changes the numbers: "fp32" (other fp32 rounding), "bf16" (bf16 GEMM
@@ -60,6 +62,7 @@ class Formulation:
     ce_chunk_rows: int = 0            # rows of logits live at once in fused_ce (0: its default)
     ce_gemm_dtype: str = "fp32"       # operand dtype of the fused_ce GEMMs (changes rounding)
     dropout_masks: str = "bernoulli"  # "bernoulli" (F.dropout) | "bits16" (other random draws)
+    roi_align_impl: str = "gather"    # RoIAlign: "gather" (4 neighbours per sample) | "separable" (GEMMs)
 
     def check(self) -> "Formulation":
         """Raise :class:`FormulationError` for an unknown value or combination; return self."""

@@ -34,8 +34,14 @@ from ..problems.base import Batch, ProblemSpec
 from ..problems.detection_shapes import DetectionShapesHParams
 from ..registry import hparams_sets, models
 from .base import LossOutput, SequenceModel, count
+from .formulation import FormulationOption
 
-__all__ = ["MaskRCNN", "MaskRCNNHParams", "mask_rcnn_base", "mask_rcnn_shapes", "mask_rcnn_tiny"]
+__all__ = ["MaskRCNN", "MaskRCNNHParams", "mask_rcnn_base", "mask_rcnn_shapes", "mask_rcnn_tiny",
+           "SEPARABLE_MAX_BYTES"]
+
+#: the separable RoIAlign holds each region's rows of its map ([K, H, C*W]); it is offered to the
+#: tuner only when that fits here for every sampled region on the largest map (P2)
+SEPARABLE_MAX_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class MaskRCNN(SequenceModel):
     """batch ``images``/``boxes``/``labels``/``masks`` -> the paper's five losses; ``predict`` -> detections."""
 
     tasks = ("detect",)
+    formulation_fields = ("roi_align_impl",)
 
     def __init__(self, hp: HParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
@@ -121,6 +128,17 @@ class MaskRCNN(SequenceModel):
         self.rpn_coder = BoxCoder()
         self.roi_coder = BoxCoder((10.0, 10.0, 5.0, 5.0))
 
+    def formulation_options(self) -> list[FormulationOption]:
+        """RoIAlign as two batched GEMMs (ops/roi_align_separable.py) where the maps are small
+        enough for each region's map rows (:data:`SEPARABLE_MAX_BYTES`)."""
+        hp = self.mhp
+        side = hp.image_size // FPN_STRIDES[0]
+        regions = (hp.roi_batch_per_image + hp.max_objects) * hp.batch_size
+        if regions * side * side * hp.fpn_channels * 4 > SEPARABLE_MAX_BYTES:
+            return []
+        return [FormulationOption("roi_align separable", {"roi_align_impl": "separable"},
+                                  "RoIAlign as two batched GEMMs per level (small maps)", expected_gain=0.3)]
+
     # ------------------------------------------------------------------ shared pieces
     def forward(self, batch: Batch, state: Any = None) -> tuple[list[Tensor], Any]:
         """images -> FPN levels P2..P6."""
@@ -142,7 +160,8 @@ class MaskRCNN(SequenceModel):
 
     def _pool(self, feats: list[Tensor], rois: Tensor, size: int) -> Tensor:
         return multiscale_roi_align(feats[:4], rois, size, list(FPN_STRIDES[:4]), 2,
-                                    canonical_size=self.mhp.roi_canonical_size)
+                                    canonical_size=self.mhp.roi_canonical_size,
+                                    formulation=self.formulation.roi_align_impl)
 
     # ------------------------------------------------------------------ training
     def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:

@@ -9,10 +9,10 @@ from .boxes import (BoxCoder, box_area, box_cxcywh_to_xyxy, box_iou, box_xyxy_to
 from .dropout import DROPOUT_MASKS, DropoutMaskError, dropout_mask
 from .masks import crop_masks, paste_masks
 from .nms import batched_nms, batched_nms_mask, nms, nms_mask
-from .roi_align import fpn_levels, multiscale_roi_align, roi_align
+from .roi_align import ROI_ALIGN_FORMULATIONS, fpn_levels, multiscale_roi_align, roi_align
 
 __all__ = ["cell_anchors", "grid_anchors", "multilevel_anchors", "BoxCoder", "box_area",
            "box_cxcywh_to_xyxy", "box_iou", "box_xyxy_to_cxcywh", "clip_boxes", "yolo_decode",
            "yolo_encode", "crop_masks", "paste_masks", "batched_nms", "batched_nms_mask", "nms",
-           "nms_mask", "fpn_levels", "multiscale_roi_align", "roi_align", "DROPOUT_MASKS", "DropoutMaskError",
+           "nms_mask", "fpn_levels", "multiscale_roi_align", "roi_align", "ROI_ALIGN_FORMULATIONS", "DROPOUT_MASKS", "DropoutMaskError",
            "dropout_mask"]

@@ -13,6 +13,8 @@ The forward pass gathers the 4 bilinear neighbours of every sample from a
 channels-last view of the features, so its backward (from autograd) is an
 index-add. Adaptive sampling needs the largest grid over all regions: one
 host sync per call; a fixed ``sampling_ratio`` needs none.
+:mod:`hotloop.ops.roi_align_separable` computes the same bins with two batched GEMMs per call
+(``formulation="separable"``).
 """
 from __future__ import annotations
 
@@ -21,7 +23,12 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["roi_align", "fpn_levels", "multiscale_roi_align"]
+from .roi_align_separable import pool_separable
+
+__all__ = ["roi_align", "fpn_levels", "multiscale_roi_align", "axis_samples", "ROI_ALIGN_FORMULATIONS"]
+
+#: ``roi_align``'s formulations (``Strategy.roi_align_impl``)
+ROI_ALIGN_FORMULATIONS = ("gather", "separable")
 
 
 def _axis_samples(start: Tensor, size: Tensor, bins: int, grid: Tensor, max_grid: int,
@@ -52,14 +59,12 @@ def _axis_samples(start: Tensor, size: Tensor, bins: int, grid: Tensor, max_grid
             ((1 - frac) * scale).reshape(shape), (frac * scale).reshape(shape))
 
 
-def roi_align(features: Tensor, rois: Tensor, output_size: int | tuple[int, int],
-              spatial_scale: float = 1.0, sampling_ratio: int = 2, aligned: bool = True) -> Tensor:
-    """features [N, C, H, W], rois [K, 5] ``(batch_index, x1, y1, x2, y2)`` -> [K, C, out_h, out_w]."""
-    out_h, out_w = (output_size, output_size) if isinstance(output_size, int) else output_size
-    n, c, height, width = features.shape
+def axis_samples(features: Tensor, rois: Tensor, out_h: int, out_w: int, spatial_scale: float,
+                 sampling_ratio: int, aligned: bool) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], int, int]:
+    """The sample rows and columns of every region's bins: ((low, high, weight low, weight high)
+    along y, the same along x, each [K, bins*G], grid rows, grid columns)."""
+    height, width = features.shape[-2:]
     k = rois.shape[0]
-    if k == 0:
-        return features.new_zeros(k, c, out_h, out_w)
     # sample coordinates in (at least) float32 even when the features are half precision
     rois = rois.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
     offset = 0.5 if aligned else 0.0
@@ -76,9 +81,38 @@ def roi_align(features: Tensor, rois: Tensor, output_size: int | tuple[int, int]
         grid_h = torch.ceil(roi_h / out_h).long().clamp(min=1)
         grid_w = torch.ceil(roi_w / out_w).long().clamp(min=1)
         max_gh, max_gw = (int(v) for v in torch.stack((grid_h.max(), grid_w.max())).tolist())  # one sync
-    y_lo, y_hi, wy_lo, wy_hi = _axis_samples(y1, roi_h, out_h, grid_h, max_gh, height)   # [K, Sy]
-    x_lo, x_hi, wx_lo, wx_hi = _axis_samples(x1, roi_w, out_w, grid_w, max_gw, width)    # [K, Sx]
+    return (_axis_samples(y1, roi_h, out_h, grid_h, max_gh, height),
+            _axis_samples(x1, roi_w, out_w, grid_w, max_gw, width), max_gh, max_gw)
 
+
+def roi_align(features: Tensor, rois: Tensor, output_size: int | tuple[int, int],
+              spatial_scale: float = 1.0, sampling_ratio: int = 2, aligned: bool = True, *,
+              formulation: str = "gather") -> Tensor:
+    """features [N, C, H, W], rois [K, 5] ``(batch_index, x1, y1, x2, y2)`` -> [K, C, out_h, out_w].
+
+    ``formulation``: ``"gather"`` (below) or ``"separable"`` (two batched GEMMs,
+    :mod:`hotloop.ops.roi_align_separable`); the same bins, another summation order."""
+    if formulation not in ROI_ALIGN_FORMULATIONS:
+        raise ValueError(f"roi_align formulation {formulation!r}; choose one of {list(ROI_ALIGN_FORMULATIONS)}")
+    out_h, out_w = (output_size, output_size) if isinstance(output_size, int) else output_size
+    k, c = rois.shape[0], features.shape[1]
+    if k == 0:
+        return features.new_zeros(k, c, out_h, out_w)
+    along_y, along_x, max_gh, max_gw = axis_samples(features, rois, out_h, out_w, spatial_scale,
+                                                    sampling_ratio, aligned)
+    if formulation == "separable":
+        return pool_separable(features, rois, along_y, along_x, out_h, out_w)
+    return _pool_gather(features, rois, along_y, along_x, max_gh, max_gw)
+
+
+def _pool_gather(features: Tensor, rois: Tensor, along_y: tuple[Tensor, ...], along_x: tuple[Tensor, ...],
+                 max_gh: int, max_gw: int) -> Tensor:
+    """Each sample's four bilinear neighbours gathered and weighted, then each bin's grid summed."""
+    n, c, height, width = features.shape
+    k = rois.shape[0]
+    y_lo, y_hi, wy_lo, wy_hi = along_y                                                   # [K, Sy]
+    x_lo, x_hi, wx_lo, wx_hi = along_x                                                   # [K, Sx]
+    out_h, out_w = y_lo.shape[1] // max_gh, x_lo.shape[1] // max_gw
     base = rois[:, 0].long() * (height * width)                                          # [K]
     flat = features.permute(0, 2, 3, 1).reshape(n * height * width, c)                   # [N*H*W, C]
     out = None
@@ -103,11 +137,11 @@ def fpn_levels(boxes: Tensor, min_level: int, max_level: int, canonical_size: fl
 
 def multiscale_roi_align(features: list[Tensor], rois: Tensor, output_size: int,
                          strides: list[int], sampling_ratio: int = 2, canonical_size: float = 224.0,
-                         canonical_level: int = 4) -> Tensor:
+                         canonical_level: int = 4, formulation: str = "gather") -> Tensor:
     """RoIAlign each region on its FPN level. features[i] has stride strides[i] (powers of 2).
 
     rois [K, 5] -> [K, C, output_size, output_size]. Selecting the regions of a
-    level is data-dependent (one host sync per level).
+    level is data-dependent (one host sync per level). ``formulation``: :func:`roi_align`'s.
     """
     levels = [int(round(math.log2(s))) for s in strides]
     level = fpn_levels(rois[:, 1:], levels[0], levels[-1], canonical_size, canonical_level)   # [K]
@@ -115,6 +149,7 @@ def multiscale_roi_align(features: list[Tensor], rois: Tensor, output_size: int,
     for feature, stride, lvl in zip(features, strides, levels):
         idx = torch.nonzero(level == lvl).flatten()
         if idx.numel():
-            pooled = roi_align(feature, rois[idx], output_size, 1.0 / stride, sampling_ratio, True)
+            pooled = roi_align(feature, rois[idx], output_size, 1.0 / stride, sampling_ratio, True,
+                               formulation=formulation)
             out = out.index_copy(0, idx, pooled.to(out.dtype))   # autocast may pool in another dtype
     return out

@@ -128,16 +128,18 @@ class StepCounts:
 
 
 def _call_kind(module: nn.Module, args: tuple) -> tuple:
-    """What a compiled network's guards tell apart: its type, the grad mode, and each tensor
-    argument's shape, dtype and requires_grad."""
-    tensors = tuple((tuple(a.shape), a.dtype, a.requires_grad) for a in args if isinstance(a, torch.Tensor))
+    """What a compiled unit's guards tell apart: its type, the grad mode, and each tensor argument's
+    shape (only its rank for a unit of ``dynamic_shapes``), dtype and requires_grad."""
+    dynamic = bool(getattr(module, "dynamic_shapes", False))
+    tensors = tuple((a.dim() if dynamic else tuple(a.shape), a.dtype, a.requires_grad)
+                    for a in args if isinstance(a, torch.Tensor))
     return type(module), torch.is_grad_enabled(), tensors
 
 
 @contextlib.contextmanager
 def counting(network_types: tuple[type, ...] = ()) -> Iterator[StepCounts]:
     """Count FLOPs (torch's FlopCounterMode) and aten ops of whatever runs inside the block, and
-    the calls of modules of ``network_types`` (the networks a phased step compiles one by one)."""
+    the calls of modules of ``network_types`` (the units a step compiles one by one)."""
     counts = StepCounts()
     counter = FlopCounterMode(display=False)
     ops = _OpCounter()

@@ -98,3 +98,74 @@ def test_the_price_counts_the_ops_of_distinct_network_calls():
     with counting() as plain:                  # a one-loss step: every op is traced
         net(x)
     assert plain.network_calls == 0 and plain.compiled_ops == plain.ops
+
+
+
+class _Pool(nn.Module):
+    """A unit whose row count changes every call (as a detector's region count does)."""
+
+    dynamic_shapes = True
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, table, index):
+        return table.index_select(0, index) * self.scale               # [K, 3]
+
+
+class _Detector(nn.Module):
+    """A one-loss model whose loss has data-dependent shapes: it names the unit that compiles."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool, self.head = _Pool(), nn.Linear(3, 1)
+
+    def compile_units(self):
+        return [self.pool]
+
+
+def test_a_one_loss_model_that_names_units_compiles_them_one_by_one():
+    from hotloop.engine.build import make_backend
+    from hotloop.engine.compiled_networks import compiles_by_units, dynamic_shapes, network_types
+    from hotloop.engine.precision import Precision
+    model = _Detector()
+    assert compiles_by_units(model) and network_types(model) == (_Pool,) and dynamic_shapes(model.pool)
+    backend = make_backend(Strategy(backend="inductor"), model, Precision("fp32", torch.device("cpu")), phases=1,
+                           data_parallel=False, report=[])
+    assert backend.networks is not None and backend.networks.networks == [model.pool]
+    assert not compiles_by_units(nn.Linear(2, 2)) and network_types(nn.Linear(2, 2)) == ()
+
+
+def test_a_unit_of_dynamic_shapes_is_one_kind_of_call_for_any_size():
+    """Its compile serves every size, so the price counts one graph for calls of two sizes."""
+    from hotloop.tools.model_facts import counting
+    pool, table = _Pool(), torch.randn(10, 3)
+    with counting((_Pool,)) as counts:
+        for k in (3, 5):
+            pool(table, torch.arange(k))
+    assert (counts.network_calls, counts.network_kinds) == (2, 1)
+    assert counts.compiled_ops == round(counts.ops / 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_dynamic_unit_compiles_once_for_any_row_count():
+    """A unit of ``dynamic_shapes`` compiled once serves 6 and 9 rows, and its values and
+    gradients are eager's."""
+    from torch._dynamo.utils import counters
+    gen = torch.Generator().manual_seed(0)
+    pool = _Pool()
+    compiled = CompiledNetworks([pool], None)
+    before = counters["stats"]["unique_graphs"]
+    for k in (6, 9):
+        table = torch.randn(10, 3, generator=gen, requires_grad=True)
+        index = torch.randint(0, 10, (k,), generator=gen)
+        want = pool(table, index)
+        want_grads = torch.autograd.grad(want.square().sum(), (table, pool.scale))
+        with compiled.active():
+            got = pool(table, index)
+        got_grads = torch.autograd.grad(got.square().sum(), (table, pool.scale))
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+        assert all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(got_grads, want_grads))
+    assert counters["stats"]["unique_graphs"] - before == 1

@@ -1,10 +1,10 @@
-"""RoIAlign forward against a brute-force per-sample loop; backward by gradcheck."""
+"""RoIAlign (both formulations) forward against a brute-force per-sample loop; backward by gradcheck."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hotloop.ops import fpn_levels, multiscale_roi_align, roi_align
+from hotloop.ops import ROI_ALIGN_FORMULATIONS, fpn_levels, multiscale_roi_align, roi_align
 
 from ops_refs import roi_align_ref
 
@@ -16,14 +16,16 @@ def _rois(gen: torch.Generator, k: int, n: int, size: float) -> torch.Tensor:
     return torch.cat((batch, xy, xy + wh), dim=1)
 
 
+@pytest.mark.parametrize("formulation", ROI_ALIGN_FORMULATIONS)
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("sampling_ratio", [2, 1, 0])
-def test_roi_align_matches_reference(device, aligned, sampling_ratio):
+def test_roi_align_matches_reference(device, aligned, sampling_ratio, formulation):
     gen = torch.Generator().manual_seed(sampling_ratio + 10 * aligned)
     features = torch.randn(2, 3, 9, 11, generator=gen, dtype=torch.float64)
     rois = _rois(gen, 6, 2, size=20.0)                       # scale 0.5 -> up to ~10 px on the map
     want = roi_align_ref(features, rois, 3, 4, 0.5, sampling_ratio, aligned)
-    got = roi_align(features.to(device), rois.to(device), (3, 4), 0.5, sampling_ratio, aligned).cpu()
+    got = roi_align(features.to(device), rois.to(device), (3, 4), 0.5, sampling_ratio, aligned,
+                    formulation=formulation).cpu()
     assert torch.allclose(got, want, atol=1e-10)
 
 
@@ -36,12 +38,29 @@ def test_roi_align_hand_value():
     assert torch.allclose(out[0, 0], torch.tensor([[2.5, 4.5], [2.5, 4.5]], dtype=torch.float64))
 
 
-def test_roi_align_gradcheck(device):
+@pytest.mark.parametrize("formulation", ROI_ALIGN_FORMULATIONS)
+def test_roi_align_gradcheck(device, formulation):
     gen = torch.Generator().manual_seed(5)
     features = torch.randn(2, 2, 5, 6, generator=gen, dtype=torch.float64).to(device).requires_grad_()
     rois = _rois(gen, 3, 2, size=6.0).to(device)
-    assert torch.autograd.gradcheck(lambda f: roi_align(f, rois, 2, 1.0, 2, True), (features,))
-    assert torch.autograd.gradcheck(lambda f: roi_align(f, rois, 2, 1.0, 0, True), (features,))
+    for sampling_ratio in (2, 0):
+        assert torch.autograd.gradcheck(
+            lambda f: roi_align(f, rois, 2, 1.0, sampling_ratio, True, formulation=formulation), (features,))
+
+
+def test_the_separable_formulation_matches_the_gather_one_in_fp32_and_bf16():
+    """The same bins in another summation order: fp32 within reordering, and under bf16 features
+    (autocast's dtype) within bf16 rounding; no regions gives an empty result."""
+    gen = torch.Generator().manual_seed(7)
+    features = torch.randn(3, 8, 16, 16, generator=gen)
+    rois = _rois(gen, 40, 3, size=60.0).float()
+    want = roi_align(features, rois, 7, 0.25)
+    assert torch.allclose(roi_align(features, rois, 7, 0.25, formulation="separable"), want, rtol=1e-5, atol=1e-6)
+    half = roi_align(features.bfloat16(), rois, 7, 0.25, formulation="separable")
+    assert half.dtype == torch.bfloat16 and torch.allclose(half.float(), want, rtol=0.05, atol=0.05)
+    assert roi_align(features, rois[:0], 7, 0.25, formulation="separable").shape == (0, 8, 7, 7)
+    with pytest.raises(ValueError, match="gather"):
+        roi_align(features, rois, 7, 0.25, formulation="dense")
 
 
 def test_fpn_levels_and_multiscale():
@@ -54,3 +73,6 @@ def test_fpn_levels_and_multiscale():
     # level 2 (stride 4) for the 8 px box, level 3 (stride 8) for the 30 px box
     assert torch.allclose(out[0], roi_align(feats[0], rois[:1], 2, 0.25)[0])
     assert torch.allclose(out[1], roi_align(feats[1], rois[1:], 2, 0.125)[0])
+    separable = multiscale_roi_align(feats, rois, 2, [4, 8], canonical_size=16.0, canonical_level=3,
+                                     formulation="separable")
+    assert torch.allclose(separable, out, atol=1e-12)
