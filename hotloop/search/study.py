@@ -28,6 +28,8 @@ __all__ = ["SearchError", "StudyRecord", "open_study", "default_storage", "check
 #: a RUNNING trial without a recorded process counts as stale after this many seconds
 STALE_UNCLAIMED_SECONDS = 60.0
 _SCHEMES = ("sqlite", "postgresql", "mysql")
+#: tries to open a storage whose tables another process is creating at the same moment
+_OPEN_ATTEMPTS = 4
 
 
 class SearchError(UserError):
@@ -77,11 +79,19 @@ def _storage(url: str) -> Any:
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs = {"connect_args": {"timeout": 60}}   # several processes write the one file
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's and Optuna's errors are reported in one line
-        raise SearchError(f"--storage {url}: cannot open it ({type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())[:300]})") from None
+    for attempt in range(_OPEN_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy's and Optuna's errors are reported in one line
+            # another process of the search made the tables between Optuna's check and its CREATE
+            # TABLE (SQLite answers the check from a stale view while a writer holds the file):
+            # opening again finds them
+            if "already exists" in str(exc) and attempt + 1 < _OPEN_ATTEMPTS:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise SearchError(f"--storage {url}: cannot open it ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:300]})") from None
+    raise AssertionError("unreachable")
 
 
 def open_study(url: str, name: str, record: StudyRecord, *, pruner: Any = None, sampler: Any = None) -> Any:

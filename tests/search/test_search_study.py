@@ -63,6 +63,30 @@ def test_a_study_of_another_search_is_refused(tmp_path):
         open_study("study.db", "s", RECORD)
 
 
+def test_tables_made_by_another_process_meanwhile_are_opened_again(tmp_path, monkeypatch):
+    """Optuna's CREATE TABLE racing another process of the search: a second try opens the study;
+    any other failure is one clear line."""
+    import optuna
+    calls = []
+
+    class Racing(optuna.storages.RDBStorage):       # a subclass: Optuna checks isinstance
+        def __init__(self, url, **kwargs):
+            calls.append(url)
+            if len(calls) == 1:
+                raise RuntimeError("(sqlite3.OperationalError) table studies already exists")
+            super().__init__(url, **kwargs)
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Racing)
+    study = open_study(_url(tmp_path), "s", RECORD)
+    assert len(calls) == 2 and study.study_name == "s"
+
+    class Broken(optuna.storages.RDBStorage):
+        def __init__(self, url, **kwargs):
+            raise RuntimeError("unable to open database file")
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Broken)
+    with pytest.raises(SearchError, match="cannot open it .*unable to open database file"):
+        open_study(_url(tmp_path), "s", RECORD)
+
+
 class _Trainer:
     def __init__(self, step, max_steps=100):
         self.step, self.max_steps, self.eval_splits = step, max_steps, ("valid", "test")
