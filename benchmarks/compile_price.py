@@ -6,9 +6,9 @@ first call (a cold compile: every FX graph compiled), the second times the first
 code loaded from the cache). Both report inductor's cache counters, so a row says which it was.
 The op count ``ops_per_step`` is counted as the tuner counts eager's step before it proposes
 anything (aten ops of one forward, backward and per-tensor optimizer update; the forward and
-backward alone, which inductor compiles, are ``forward_backward_ops``; a phased step, whose
-networks compile one by one, counts the ops times the share of its network calls of a new kind,
-``StepCounts.compiled_ops``). A cold compile is a fixed
+backward alone, which inductor compiles, are ``forward_backward_ops``; a step whose units compile
+one by one (a phased model's networks, a model's ``compile_units()``) counts the ops times the
+share of its unit calls of a new kind, ``StepCounts.compiled_ops``). A cold compile is a fixed
 start-up plus work per traced op: :func:`price_line` fits that line through the rows and scales it
 up until it covers every row with a margin (:data:`MARGIN`), and ``hotloop.tools.compile_prices``
 prices a cold compile by it.

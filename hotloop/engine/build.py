@@ -97,11 +97,10 @@ def make_backend(strategy: Strategy, model: nn.Module, precision: Precision, *, 
         from .graph_backend import GraphBackend
         return GraphBackend(model, strategy, precision, data_parallel=data_parallel, report=report)
     if strategy.backend == "inductor":
-        from .compiled_networks import compile_networks
+        from .compiled_networks import compile_networks, names_units
         from .inductor_backend import InductorBackend
-        by_units = phases > 1 or callable(getattr(model, "compile_units", None))
         return InductorBackend(precision.device, strategy.cuda_graphs, report,
-                               networks=compile_networks(model) if by_units else None)
+                               networks=compile_networks(model) if phases > 1 or names_units(model) else None)
     return EagerBackend(report)
 
 

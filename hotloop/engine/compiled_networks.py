@@ -8,10 +8,10 @@ large graph per phase (157 s for ``cyclegan_small`` on the 2-core EPYC,
 ``docs/data/zoo_cyclegan_compiled_expert.json``). Compiling each network instead (the generators
 and discriminators) leaves the bookkeeping eager, in eager's random stream, and compiles each
 network's forward (and, through AOT autograd, its backward) once per kind of call; networks of the
-same structure share their code. A model whose loss has shapes that depend on the data (Mask
-R-CNN's proposal sampling) names the parts that do compile in ``compile_units()``; a unit with
-``dynamic_shapes = True`` (RoIAlign, whose region count changes every call) is compiled once for
-symbolic shapes instead of once per shape.
+same structure share their code. A one-loss model whose loss has shapes that depend on the data
+can name the parts that do compile in ``compile_units()``; a unit with ``dynamic_shapes = True``
+(one whose row count changes every call) is compiled once for symbolic shapes instead of once per
+shape.
 
 The compiled calls are switched on only inside the step's forward (:meth:`CompiledNetworks.active`):
 evaluation, export and checkpoints see the plain modules, and a state dict keeps its keys.
@@ -26,22 +26,27 @@ from torch import nn
 
 from .program import model_phases
 
-__all__ = ["CompiledNetworks", "compile_networks", "network_types", "compiles_by_units", "dynamic_shapes"]
+__all__ = ["CompiledNetworks", "compile_networks", "network_types", "compiles_by_units", "dynamic_shapes",
+           "names_units"]
 
 
 def compile_networks(model: nn.Module) -> list[nn.Module]:
     """The networks compiled one by one: the model's own ``compile_units()`` when it has one,
     else its direct children that hold trainable parameters."""
-    units = getattr(model, "compile_units", None)
-    if callable(units):
-        return list(units())
+    if names_units(model):
+        return list(model.compile_units())
     return [child for child in model.children() if any(p.requires_grad for p in child.parameters())]
+
+
+def names_units(model: nn.Module) -> bool:
+    """Whether ``model`` names its own ``compile_units()``."""
+    return callable(getattr(model, "compile_units", None))
 
 
 def compiles_by_units(model: nn.Module) -> bool:
     """Whether the inductor backend compiles ``model``'s step unit by unit: a model of several
     phases, or one that names its ``compile_units()``; else its whole loss is one graph."""
-    return len(model_phases(model) or ()) > 1 or callable(getattr(model, "compile_units", None))
+    return len(model_phases(model) or ()) > 1 or names_units(model)
 
 
 def network_types(model: nn.Module) -> tuple[type, ...]:

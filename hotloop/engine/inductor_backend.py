@@ -1,8 +1,8 @@
 """``backend="inductor"``: the forward + loss is ``torch.compile``d (AOT autograd compiles the backward).
 
-A step of several phases (a GAN), or of a model that names its ``compile_units()`` (Mask R-CNN's
-RoIAlign), compiles those units one by one instead, and runs the rest of each loss (pools of fakes
-and their random draws; proposal sampling) eagerly around them (:mod:`hotloop.engine.compiled_networks`).
+A step of several phases (a GAN), or of a model that names its ``compile_units()``, compiles
+those units one by one instead, and runs the rest of each loss (a GAN's pools of fakes and their
+random draws) eagerly around them (:mod:`hotloop.engine.compiled_networks`).
 
 Clipping and the optimizer update stay eager (multi-tensor kernels), in the one
 step. Graph breaks are counted from dynamo's counters after the first call; if

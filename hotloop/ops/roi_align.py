@@ -102,17 +102,16 @@ def roi_align(features: Tensor, rois: Tensor, output_size: int | tuple[int, int]
                                                     sampling_ratio, aligned)
     if formulation == "separable":
         return pool_separable(features, rois, along_y, along_x, out_h, out_w)
-    return _pool_gather(features, rois, along_y, along_x, max_gh, max_gw)
+    return _pool_gather(features, rois, along_y, along_x, out_h, out_w, max_gh, max_gw)
 
 
 def _pool_gather(features: Tensor, rois: Tensor, along_y: tuple[Tensor, ...], along_x: tuple[Tensor, ...],
-                 max_gh: int, max_gw: int) -> Tensor:
+                 out_h: int, out_w: int, max_gh: int, max_gw: int) -> Tensor:
     """Each sample's four bilinear neighbours gathered and weighted, then each bin's grid summed."""
     n, c, height, width = features.shape
     k = rois.shape[0]
     y_lo, y_hi, wy_lo, wy_hi = along_y                                                   # [K, Sy]
     x_lo, x_hi, wx_lo, wx_hi = along_x                                                   # [K, Sx]
-    out_h, out_w = y_lo.shape[1] // max_gh, x_lo.shape[1] // max_gw
     base = rois[:, 0].long() * (height * width)                                          # [K]
     flat = features.permute(0, 2, 3, 1).reshape(n * height * width, c)                   # [N*H*W, C]
     out = None

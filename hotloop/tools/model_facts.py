@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..engine.compiled_networks import dynamic_shapes
 from ..problems.base import Batch
 from .isolation import preserved_process_state
 
@@ -130,7 +131,7 @@ class StepCounts:
 def _call_kind(module: nn.Module, args: tuple) -> tuple:
     """What a compiled unit's guards tell apart: its type, the grad mode, and each tensor argument's
     shape (only its rank for a unit of ``dynamic_shapes``), dtype and requires_grad."""
-    dynamic = bool(getattr(module, "dynamic_shapes", False))
+    dynamic = dynamic_shapes(module)
     tensors = tuple((a.dim() if dynamic else tuple(a.shape), a.dtype, a.requires_grad)
                     for a in args if isinstance(a, torch.Tensor))
     return type(module), torch.is_grad_enabled(), tensors
