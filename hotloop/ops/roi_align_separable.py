@@ -8,7 +8,7 @@ columns. The gather formulation reads four neighbours per sample (``out_h*out_w*
 values per region, and an index-add of as many in backward); this one reads each region's image
 rows once and does ``out_h*H*C*W + out_h*C*W*out_w`` multiply-adds in GEMMs, whose backward is GEMMs
 too. It wins where the feature maps are small next to the samples (the CPU configurations' 16x16
-P2 maps: 327 ms -> 67 ms forward + backward for 957 regions of 64 channels on the 2-core EPYC,
+P2 maps: 441 ms -> 99 ms forward + backward for 957 regions of 64 channels on the 2-core EPYC,
 ``benchmarks/roi_align_impls.py``) and loses on large maps, so it is a formulation the tuner times
 (``Strategy.roi_align_impl``).
 Only the summation order differs from the gather formulation (fp32 rounding).
