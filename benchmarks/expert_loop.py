@@ -10,7 +10,9 @@
   has one for the optimizer and device (else ``foreach``), foreach clipping,
   ``channels_last`` for models with ``Conv2d`` (model and 4-D float inputs),
   ``zero_grad(set_to_none=True)`` and the loss read once per block (:meth:`ExpertLoop.flush`),
-  not every step; optionally ``torch.compile`` of the loss (``expert_compiled``).
+  not every step; on an accelerator, batches read by :data:`ACCELERATOR_DATA_WORKERS` worker
+  processes and copied through pinned memory (``DataLoader(num_workers=4, pin_memory=True)``);
+  optionally ``torch.compile`` of the loss (``expert_compiled``).
 
 Both take the batches from a ``next_batch()`` callable, so ``benchmarks/zoo.py`` and the
 tests feed them alike. A phased model (``parameter_groups()`` + ``<phase>_loss``, CycleGAN)
@@ -31,10 +33,12 @@ from hotloop.optim import build_optimizer, fused_kernel_available, sparse_gradie
 from hotloop.tools.hardware import HardwareInfo, detect_hardware
 
 __all__ = ["ExpertSettings", "PlainLoop", "ExpertLoop", "expert_settings", "expert_precision",
-           "plain_settings", "PRECISIONS"]
+           "plain_settings", "PRECISIONS", "ACCELERATOR_DATA_WORKERS"]
 
 Batch = dict[str, torch.Tensor]
 PRECISIONS = ("auto", "fp32")   # the --precision modes: "auto" = bf16 where fast, "fp32" = never bf16
+#: the expert's reader worker processes on an accelerator (on a CPU they would take the step's cores)
+ACCELERATOR_DATA_WORKERS = 4
 
 
 def expert_precision(device: torch.device | str, mode: str = "auto",
@@ -65,6 +69,8 @@ class ExpertSettings:
     clip_foreach: bool = True       # clip_grad_norm_(foreach=True)
     loss_read: str = "once per block"
     compile: bool = False           # torch.compile of the loss function (inductor)
+    data_workers: int = 0           # reader worker processes (the feed the caller builds honours it)
+    pin_memory: bool = False        # host-to-device copies through pinned memory, asynchronous
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,17 +79,20 @@ class ExpertSettings:
 def plain_settings() -> dict[str, Any]:
     """The plain loop's settings, in :class:`ExpertSettings`' terms."""
     return {"precision": "fp32", "optimizer": "per-tensor", "channels_last": False, "set_to_none": True,
-            "clip_foreach": False, "loss_read": "every step (loss.item())", "compile": False}
+            "clip_foreach": False, "loss_read": "every step (loss.item())", "compile": False,
+            "data_workers": 0, "pin_memory": False}
 
 
 def expert_settings(model: nn.Module, device: torch.device | str, precision: str = "auto", *,
                     compile: bool = False, hardware: HardwareInfo | None = None) -> ExpertSettings:
     """The expert's choices for ``model`` on ``device`` (``precision``: a :data:`PRECISIONS` mode)."""
     sparse = bool(sparse_gradient_modules(model))
+    accelerator = torch.device(device).type != "cpu"
     return ExpertSettings(precision=expert_precision(device, precision, hardware),
                           optimizer="per-tensor" if sparse else "fused",
                           channels_last=any(isinstance(m, nn.Conv2d) for m in model.modules()),
-                          compile=compile)
+                          compile=compile, data_workers=ACCELERATOR_DATA_WORKERS if accelerator else 0,
+                          pin_memory=accelerator)
 
 
 def _expert_optimizer(params: list[nn.Parameter], hp: HParams, mode: str) -> torch.optim.Optimizer:

@@ -103,9 +103,11 @@ def render(out: Path) -> str:
              f"wrote into `{rel}/`; every number below is in one of those files.", ""]
     if machine:
         lines += ["## Machine", "", f"`{rel}/machine.json`: " + ", ".join(f"{k} {v}" for k, v in machine.items()), ""]
-    lines += ["## Parts", "", "| part | exit code | seconds (limit) |", "|---|---|---|"]
+    calls = any("call" in p for p in parts)     # parts gathered from several device calls name theirs
+    lines += ["## Parts", "", "| part | exit code | seconds (limit) |" + (" call |" if calls else ""),
+              "|---|---|---|" + ("---|" if calls else "")]
     lines += [f"| {p['part']} | {p['rc']}{' (timed out)' if p['rc'] in (124, 137) else ''} | "
-              f"{p['seconds']} ({p['limit']}) |" for p in parts]
+              f"{p['seconds']} ({p['limit']}) |" + (f" {p.get('call', '')} |" if calls else "") for p in parts]
     lines += ["", "## CUDA tests", ""]
     if tests:
         lines.append(f"`{rel}/tests.json`: {tests['tests']} tests, {tests['passed']} passed, "
@@ -131,6 +133,9 @@ def render(out: Path) -> str:
                          ", ".join(f"{k} {v:.4g}" for k, v in valid.items() if isinstance(v, float)))
         else:
             lines.append("missing.")
+    notes = out / "notes.md"      # a hand-written reading of these numbers, kept beside them
+    if notes.exists():
+        lines += ["", notes.read_text().rstrip()]
     return "\n".join(lines) + "\n"
 
 

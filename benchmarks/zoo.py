@@ -9,7 +9,8 @@ For each model, in ONE process and on the same model, batch and data:
 - **expert** (``benchmarks/expert_loop.py``): the plain loop plus what a competent PyTorch user
   writes: bf16 autocast only where the hardware has fast bf16, a fused optimizer where torch has
   one (else foreach) and foreach clipping, ``channels_last`` for models with Conv2d,
-  ``zero_grad(set_to_none=True)``, the loss read once per block;
+  ``zero_grad(set_to_none=True)``, the loss read once per block; on a GPU its batches come from
+  4 reader worker processes through pinned memory (on a CPU, from the training thread);
 - **expert_compiled** (``--compile``): the expert loop with ``torch.compile`` of the loss function;
   its first step (the compilation) is reported as ``compile_seconds``, not in the step time;
 - **expert_twin** (``--control``): a second, identical expert loop; its ratio to the expert
@@ -30,7 +31,8 @@ contender in every position and after every other equally often); samples/s come
 mean loss over each contender's last block; ``loss_rel_diff`` compares hotloop's with the
 plain loop's. MFU = FLOPs per step (counted by torch's FlopCounterMode) / step time / the
 measured GEMM peak at the contender's precision. ``--smoke`` checks the script, not speed:
-the smallest batch of each model, one timed block of two steps, a short tuning cap.
+the smallest batch of each model, one timed block of two steps, a short tuning cap. The
+tuner's report (its table of trials) is printed under each model's ``auto:`` line.
 
     HOTLOOP_RAW_ROOT=DIR python benchmarks/zoo.py [--models a,b] [--precision auto|fp32] [--compile] [--control]
         [--json FILE] [--device cpu|cuda] [--smoke]
@@ -115,10 +117,11 @@ def _input_size(batch: dict[str, torch.Tensor]) -> str:
 
 
 class Endless:
-    """Batches of ``reader`` forever (next epoch when one ends), on ``device``."""
+    """Batches of ``reader`` forever (next epoch when one ends), on ``device`` (through pinned
+    memory, asynchronously, when ``pin``)."""
 
-    def __init__(self, reader: Any, device: torch.device) -> None:
-        self.reader, self.device, self.epoch = reader, device, 0
+    def __init__(self, reader: Any, device: torch.device, pin: bool = False) -> None:
+        self.reader, self.device, self.pin, self.epoch = reader, device, pin, 0
         self.it = iter(reader)
 
     def next(self) -> dict[str, torch.Tensor]:
@@ -128,7 +131,13 @@ class Endless:
             self.reader.set_epoch(self.epoch)
             self.it = iter(self.reader)
             batch = next(self.it)
-        return to_device(batch, self.device)
+        return to_device(batch, self.device, pin=self.pin)
+
+    def close(self) -> None:
+        """End the reader's worker processes, if it has any."""
+        close = getattr(self.reader, "close", None)
+        if callable(close):
+            close()
 
 
 class HotloopLoop:
@@ -185,7 +194,8 @@ def _last_block(losses: list[float], block: int) -> float:
 
 def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_seconds: float,
                 log: Any, *, precision: str = "auto", compile: bool = False,
-                overrides: str | None = None, size: str = "small", control: bool = False) -> dict[str, Any]:
+                overrides: str | None = None, size: str = "small", control: bool = False,
+                compile_tune_seconds: float | None = None) -> dict[str, Any]:
     """One zoo row: every contender on ``name``'s model, interleaved blocks, medians."""
     problem, hparams, zoo_overrides = SIZES[size][name]
     overrides = ",".join(o for o in (zoo_overrides, overrides) if o) or None
@@ -193,26 +203,34 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
     first = next(iter(run.problem.reader("train", run.hp)))
     started = time.perf_counter()
     strategy = auto_strategy(copy.deepcopy(run.model), run.problem, run.hp, device, planned=10_000,
-                             log=lambda line: None, max_seconds=tune_seconds, cache=False,
+                             log=lambda line: log(f"    tune: {line}"), max_seconds=tune_seconds, cache=False,
+                             **({} if compile_tune_seconds is None else {"compile_max_seconds": compile_tune_seconds}),
                              allow_reduced_precision=precision != "fp32")
     tuned_s = time.perf_counter() - started
     log(f"  auto: {strategy} ({tuned_s:.1f} s)")
 
-    def feed() -> Callable[[], dict[str, torch.Tensor]]:
-        return Endless(run.problem.reader("train", run.hp), device).next
-
     settings = expert_settings(run.model, device, precision)
+
+    feeds: list[Endless] = []
+
+    def feed(workers: int = 0, pin: bool = False) -> Callable[[], dict[str, torch.Tensor]]:
+        feeds.append(Endless(open_reader(run.problem, "train", run.hp, workers=workers), device, pin))
+        return feeds[-1].next
+
+    expert_feed = {"workers": settings.data_workers, "pin": settings.pin_memory}
     loops: dict[str, Any] = {"plain": PlainLoop(copy.deepcopy(run.model), run.hp, feed()),
-                             "expert": ExpertLoop(copy.deepcopy(run.model), run.hp, feed(), device, settings)}
+                             "expert": ExpertLoop(copy.deepcopy(run.model), run.hp, feed(**expert_feed), device,
+                                                  settings)}
     if compile:
-        loops["expert_compiled"] = ExpertLoop(copy.deepcopy(run.model), run.hp, feed(), device,
+        loops["expert_compiled"] = ExpertLoop(copy.deepcopy(run.model), run.hp, feed(**expert_feed), device,
                                               replace(settings, compile=True))
     times: dict[str, list[float]] = {}
     with preserved_process_state():
         with applied_strategy(strategy, device):
             loops["hotloop"] = fast = HotloopLoop(copy.deepcopy(run.model), run, strategy, device)
         if control:       # an A/A pair: the same loop twice, timed like any contender
-            loops["expert_twin"] = ExpertLoop(copy.deepcopy(run.model), run.hp, feed(), device, settings)
+            loops["expert_twin"] = ExpertLoop(copy.deepcopy(run.model), run.hp, feed(**expert_feed), device,
+                                              settings)
         flags = {"hotloop": lambda: applied_strategy(strategy, device)}
         times = {key: [] for key in loops}
         keys = list(loops)
@@ -222,6 +240,8 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
                 if r > 0:                                  # round 0 is the warm-up (and the compile)
                     times[key].append(seconds)
         fast.close()
+        for endless in feeds:
+            endless.close()
     hw = detect_hardware(device)
     peak = gemm_peak(hw)
     facts = analyze_model(run.model, to_device(first, device))
@@ -276,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
                         help="auto: bf16 where the hardware has fast bf16 (expert and tuner); fp32: every "
                         "contender at fp32")
+    parser.add_argument("--compile-tune-seconds", type=float, default=None,
+                        help="cap on tuning when a compile is proposed (default: the tuner's own, "
+                             "hotloop.tools.tune_budget.COMPILE_MAX_SECONDS)")
     parser.add_argument("--compile", action="store_true",
                         help="also time expert_compiled (torch.compile of the loss; compile time apart)")
     parser.add_argument("--compile-models", default=None, metavar="A,B",
@@ -312,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         smoke = SMOKE_OVERRIDES.get(name, SMOKE_DEFAULT) if args.smoke else None
         row = bench_model(name, rounds, block, device, tune_s, lambda line: print(line, flush=True),
                           precision=args.precision, compile=args.compile and name in compiled,
-                          overrides=smoke, size=args.size, control=args.control)
+                          overrides=smoke, size=args.size, control=args.control,
+                          compile_tune_seconds=args.compile_tune_seconds)
         rows.append(row)
         print(f"  batch {row['batch']} x {row['input_size']}: plain {row['plain_samples_per_s']:.2f}/s, "
               f"expert {row['expert_samples_per_s']:.2f}/s, hotloop {row['hotloop_samples_per_s']:.2f}/s -> "
@@ -333,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(
                 {"cpu": hw.describe(), "amx": amx, "device": str(device), "machine": machine,
                  "precision": args.precision, "cpu_flags": cpu_flags(hw), "smoke": args.smoke, "size": args.size,
-                 "rounds": rounds, "block": block, "rows": rows,
+                 "rounds": rounds, "block": block, "tune_cap_s": tune_s,
+                 "compile_tune_cap_s": args.compile_tune_seconds, "rows": rows,
                  "geomean_speedup": top["geomean_vs_naive"], **top}, indent=2) + "\n")
     print()
     print_table(rows, bool(with_compiled))

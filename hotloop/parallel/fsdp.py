@@ -12,7 +12,8 @@ reduce-scattered after its backward.
 - Precision: ``bf16`` computes with bf16 parameters and reduces gradients in fp32
   (``MixedPrecisionPolicy``); ``fp32`` uses no policy.
 - ``reshard_after_forward`` (a Strategy field): free each unit's gathered parameters after
-  its forward (gather again for backward) or keep them until its backward.
+  its forward (gather again for backward) or keep them until its backward. The root keeps
+  its parameters gathered until backward either way.
 - Gradient accumulation: :meth:`FSDPModel.no_sync` turns gradient sync off, so the
   non-final micro-batches reduce-scatter nothing.
 - The optimizer built over the unsharded parameters is re-pointed to the sharded
@@ -123,8 +124,9 @@ def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer, config: FSDP
     units = block_units(model)
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=policy)
-    root = fully_shard(MethodAdapter(model), mesh=mesh, reshard_after_forward=config.reshard_after_forward,
-                       mp_policy=policy)
+    # The root keeps its gathered parameters until backward: its output (a LossOutput) is no
+    # tensor FSDP can hook a pre-backward gather on, and backward needs them at once anyway
+    root = fully_shard(MethodAdapter(model), mesh=mesh, reshard_after_forward=False, mp_policy=policy)
     _repoint(optimizer, before, dict(model.named_parameters()))
     log.info("fsdp: %d units (%s) + root over %d ranks, precision %s, reshard_after_forward=%s",
              len(units), ", ".join(sorted({type(u).__name__ for u in units})) or "none",

@@ -206,3 +206,14 @@ def test_ladder_expert_rung_is_the_plain_loop_with_the_expert_lines(monkeypatch)
     rungs = lstm_rungs.ladder_rungs(2, Strategy(), with_compile=False)
     assert sum(r.name.startswith(lstm_rungs.EXPERT_PREFIX) for r in rungs) == 1
     assert rungs[-1].name.startswith("hotloop")                             # the summary reads the last row
+
+
+def test_expert_reads_with_workers_and_pinned_copies_on_an_accelerator_only():
+    """On a GPU the expert reads as ``DataLoader(num_workers=4, pin_memory=True)`` would; on a CPU
+    worker processes would take the step's cores, so it reads on the training thread."""
+    from expert_loop import ACCELERATOR_DATA_WORKERS
+    gpu = expert_settings(TinyMLP(), "cuda", "fp32", hardware=FAST_CPU)
+    assert (gpu.data_workers, gpu.pin_memory) == (ACCELERATOR_DATA_WORKERS, True) and ACCELERATOR_DATA_WORKERS > 0
+    cpu = expert_settings(TinyMLP(), "cpu", "fp32", hardware=FAST_CPU)
+    assert (cpu.data_workers, cpu.pin_memory) == (0, False)
+    assert {"data_workers", "pin_memory"} <= set(gpu.to_dict())       # the zoo's JSON names them

@@ -51,3 +51,12 @@ def test_junit_summary_names_failures_and_skips(tmp_path: Path) -> None:
     assert summary["tests"] == 3 and summary["passed"] == 1
     assert summary["failed"] == [{"test": "a::bad", "message": "boom"}]
     assert summary["skipped"] == [{"test": "a::gpu", "message": "needs CUDA"}]
+
+
+def test_docs_gpu_md_is_the_report_of_the_kept_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/gpu.md holds no number that docs/data/gpu_check/ does not: it is that folder's report
+    (the parts of several device calls, with the notes kept beside the JSON)."""
+    monkeypatch.chdir(REPO)
+    report = render(Path("docs/data/gpu_check"))
+    assert (REPO / "docs" / "gpu.md").read_text() == report
+    assert "| call |" in report and "## Reading the zoo rows" in report

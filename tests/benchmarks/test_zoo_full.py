@@ -39,3 +39,23 @@ def test_full_size_config_builds_with_real_shapes(name: str) -> None:
     key, shape, at_least = REAL[name]
     assert tuple(batch[key].shape) == shape
     assert params >= at_least, params
+
+
+def test_the_experts_worker_feed_gives_the_same_batches_and_closes_its_workers() -> None:
+    """The zoo's expert feed on a GPU (reader workers, pinned copies) gives the batches the
+    training-thread feed gives, and ``close`` ends its worker processes."""
+    import multiprocessing
+
+    import torch
+    from zoo import Endless
+
+    from hotloop.problems.base import open_reader
+    run = build_run("image_synthetic", "se_resnext50", "se_resnext_small", "batch_size=2")
+    workers = Endless(open_reader(run.problem, "train", run.hp, workers=2), torch.device("cpu"), pin=True)
+    inline = Endless(run.problem.reader("train", run.hp), torch.device("cpu"))
+    for _ in range(3):
+        a, b = workers.next(), inline.next()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert multiprocessing.active_children()
+    workers.close()
+    assert not multiprocessing.active_children()
