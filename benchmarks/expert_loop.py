@@ -14,6 +14,8 @@
   processes and copied through pinned memory (``DataLoader(num_workers=4, pin_memory=True)``);
   optionally ``torch.compile`` of the loss (``expert_compiled``).
 
+Both build their optimizer over the hparams' parameter groups (no weight decay on biases and norm
+weights for AdamW, layer-wise LR decay), as hotloop does, so all three contenders run the same math.
 Both take the batches from a ``next_batch()`` callable, so ``benchmarks/zoo.py`` and the
 tests feed them alike. A phased model (``parameter_groups()`` + ``<phase>_loss``, CycleGAN)
 steps each phase's optimizer in turn, as the plain loop does; the first phase's loss is
@@ -30,6 +32,7 @@ from torch import nn
 
 from hotloop.hparams import HParams
 from hotloop.optim import build_optimizer, fused_kernel_available, sparse_gradient_modules
+from hotloop.param_groups import param_groups
 from hotloop.tools.hardware import HardwareInfo, detect_hardware
 
 __all__ = ["ExpertSettings", "PlainLoop", "ExpertLoop", "expert_settings", "expert_precision",
@@ -95,11 +98,18 @@ def expert_settings(model: nn.Module, device: torch.device | str, precision: str
                           pin_memory=accelerator)
 
 
-def _expert_optimizer(params: list[nn.Parameter], hp: HParams, mode: str) -> torch.optim.Optimizer:
+def _optimizer_params(model: nn.Module, hp: HParams, phase: str, params: list[nn.Parameter]) -> list[Any]:
+    """What a one-loss model's optimizer is built over: the hparams' groups (no weight decay on
+    biases and norms for AdamW, layer-wise LR decay), as hotloop builds them; a phase's parameters."""
+    return param_groups(model, hp) if phase == "all" else params
+
+
+def _expert_optimizer(params: list[Any], hp: HParams, mode: str) -> torch.optim.Optimizer:
     """The hparams' optimizer with a fused kernel (``mode="fused"``, where torch has one for it and
     the parameters' device; else foreach), foreach, or the per-tensor loop."""
     optimizer = build_optimizer(params, hp, fused=mode != "per-tensor")     # CUDA: fused, else foreach
-    if mode == "fused" and fused_kernel_available(type(optimizer), params):
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    if mode == "fused" and fused_kernel_available(type(optimizer), tensors):
         for group in optimizer.param_groups:      # before the first step: no state to convert
             group["foreach"], group["fused"] = False, True
     elif mode == "foreach":
@@ -124,7 +134,8 @@ class PlainLoop:
         groups = _phase_groups(model)
         self.phased = groups is not None
         groups = groups or {"all": list(model.parameters())}
-        self.optimizers = {name: build_optimizer(params, hp, fused=False) for name, params in groups.items()}
+        self.optimizers = {name: build_optimizer(_optimizer_params(model, hp, name, params), hp, fused=False)
+                           for name, params in groups.items()}
         self.max_grad_norm = hp.max_grad_norm
         self.losses: list[float] = []
 
@@ -173,7 +184,7 @@ class ExpertLoop:
         self.phased = groups is not None
         groups = groups or {"all": [p for p in model.parameters() if p.requires_grad]}
         self.params = groups
-        self.optimizers = {name: _expert_optimizer(params, hp, settings.optimizer)
+        self.optimizers = {name: _expert_optimizer(_optimizer_params(model, hp, name, params), hp, settings.optimizer)
                            for name, params in groups.items()}
         self.max_grad_norm = hp.max_grad_norm
         self.autocast_dtype = torch.bfloat16 if settings.precision == "bf16" else None

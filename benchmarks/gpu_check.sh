@@ -9,6 +9,7 @@
 # JSON into OUT (docs/data/gpu_check by default; a temporary folder for --dry-run):
 #   machine.json      the GPU (or CPU), torch, driver;
 #   tests.json        the CUDA tests (pytest's junit XML summarised; skipped cases named);
+#   step_gap.json     benchmarks/step_gap.py: hotloop's step against the expert's at the same settings;
 #   zoo_full.json     benchmarks/zoo.py --size full: naive, expert, expert + torch.compile, hotloop auto;
 #   default.json      the default `hotloop train` (steps, wall time, final valid metrics);
 #   fsdp.json         one FSDP run (world size 1 exercises the NCCL/CUDA path), when data_parallel=fsdp exists;
@@ -52,7 +53,8 @@ if [ "$DRY" = 1 ]; then
   TEST_FILES=(tests/engine/test_engine_cuda.py)
   DEFAULT_ARGS=(--max-steps 10 --strategy default)
   FSDP_STEPS=5
-  LIMITS=(60 180 120 120)
+  GAP_ARGS=(--smoke --models bert)
+  LIMITS=(60 180 120 120 90)
 else
   # the rows docs/data/gpu_check/zoo_full.json lacks first (the JSON keeps each finished row); tuning
   # capped at 10 s with or without a compile candidate; the compiled expert on bert only (compiling
@@ -63,13 +65,15 @@ else
   TEST_FILES=(tests/engine/test_engine_cuda.py tests/ops tests/data/test_data_prefetch.py)
   DEFAULT_ARGS=(--max-steps 600)
   FSDP_STEPS=20
-  LIMITS=(110 290 40 30)
+  GAP_ARGS=(--size full --models bert,transformer_base --sdpa --one-shape --rounds 3 --block 6)
+  LIMITS=(110 260 40 30 60)
 fi
 
 part machine 30 "$PY" benchmarks/gpu_report.py --machine "$DEVICE" --json "$OUT/machine.json"
 part cuda_tests "${LIMITS[0]}" "$PY" -m pytest -q -p no:cacheprovider -rs "${TEST_FILES[@]}" \
   --junitxml "$WORK/tests.xml"
 "$PY" benchmarks/gpu_report.py --junit "$WORK/tests.xml" --json "$OUT/tests.json" || true
+part step_gap "${LIMITS[4]}" "$PY" benchmarks/step_gap.py --device "$DEVICE" "${GAP_ARGS[@]}" --json "$OUT/step_gap.json"
 part zoo "${LIMITS[1]}" "$PY" benchmarks/zoo.py --device "$DEVICE" "${ZOO_ARGS[@]}" --json "$OUT/zoo_full.json"
 part default_train "${LIMITS[2]}" "$PY" -m hotloop train --device "$DEVICE" --output-dir "$WORK/default" \
   "${DEFAULT_ARGS[@]}"

@@ -123,6 +123,17 @@ def render(out: Path) -> str:
         lines += [""] + _zoo_table(zoo)
     else:
         lines.append("missing.")
+    gap = _load(out, "step_gap.json")
+    if gap:
+        lines += ["", "## hotloop's step against the expert's, same settings", "",
+                  f"`{rel}/step_gap.json` (`benchmarks/step_gap.py`; batches made once, on the device):", "",
+                  "| model | contender | step ms | expert's time / contender's (paired) |", "|---|---|---|---|"]
+        for r in gap["rows"]:
+            for key, ms in r["step_ms"].items():
+                paired = r["vs_expert"].get(key)
+                ratio = "-" if paired is None else (f"{paired['paired']:.3f}x ({paired['verdict']})"
+                                                    if paired["paired"] else paired["verdict"])
+                lines.append(f"| {r['model']} | {key} | {ms:.2f} | {ratio} |")
     for title, run, name in (("The default run", default, "default.json"), ("FSDP, world size 1", fsdp, "fsdp.json")):
         lines += ["", f"## {title}", ""]
         if run:

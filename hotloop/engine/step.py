@@ -24,7 +24,7 @@ from .backends import Backend, EagerBackend
 from .clipping import clip_grad_norm, clip_via_lr, clip_via_lr_unavailable
 from .precision import Precision
 from .step_parts import (ACCUM_WEIGHT, LossFn, Phase, PhaseHook, StepResult, detach_state, no_phase,
-                         weighted_loss_fn)
+                         training_loss_fn, weighted_loss_fn)
 
 __all__ = ["TrainStep", "one_phase"]
 
@@ -62,7 +62,7 @@ class TrainStep:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.phase: PhaseHook = no_phase
         # one loss function object per (phase, weighted): a compiling backend caches by identity
-        self._loss_fns = [(p.loss_fn, weighted_loss_fn(p.loss_fn)) for p in self.phases]
+        self._loss_fns = [(training_loss_fn(p.loss_fn), weighted_loss_fn(p.loss_fn)) for p in self.phases]
         self.clip_via_lr = self._fold_clip(clip_via_lr)
 
     @property

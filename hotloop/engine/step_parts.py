@@ -11,6 +11,7 @@ from ..models.base import LossOutput
 from ..problems.base import Batch
 
 __all__ = ["StepResult", "LossFn", "PhaseHook", "Phase", "ACCUM_WEIGHT", "detach_state", "default_loss_fn",
+           "training_loss_fn",
            "weighted_loss_fn", "no_phase"]
 
 LossFn = Callable[[nn.Module, Batch, Any], LossOutput]
@@ -59,6 +60,20 @@ def no_phase(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def training_loss_fn(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` as a training step runs it: without the model's logits.
+
+    A step returns only the loss, the statistics and the carried state, so the logits (for a
+    language model ``[tokens, vocab]``, the largest activation) need not outlive the forward:
+    autograd keeps what backward needs, and backward's own buffers can reuse their memory.
+    A compiled step need not return them either.
+    """
+    def training(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
+        out = loss_fn(model, batch, state)
+        return LossOutput(out.loss, out.stats, out.state, None, out.weight)
+    return training
+
+
 def weighted_loss_fn(loss_fn: LossFn) -> LossFn:
     """``loss_fn`` for one micro-batch of an accumulated step: the mean loss times its weight.
 
@@ -73,5 +88,5 @@ def weighted_loss_fn(loss_fn: LossFn) -> LossFn:
         weight = out.weight if out.weight is not None else out.loss.new_ones(())
         stats = dict(out.stats)
         stats[ACCUM_WEIGHT] = weight
-        return LossOutput(out.loss * weight, stats, out.state, out.logits, weight)
+        return LossOutput(out.loss * weight, stats, out.state, None, weight)     # no logits: as training_loss_fn
     return weighted

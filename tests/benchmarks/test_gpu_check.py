@@ -24,7 +24,7 @@ def test_gpu_check_dry_run_on_cpu_writes_every_part(tmp_path: Path) -> None:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=560)
     assert proc.returncode == 0, proc.stderr[-2000:]
     parts = {p["part"]: p for p in json.loads((out / "parts.json").read_text())}
-    assert {"machine", "cuda_tests", "zoo", "default_train", "fsdp"} <= set(parts)
+    assert {"machine", "cuda_tests", "step_gap", "zoo", "default_train", "fsdp"} <= set(parts)
     assert all(p["rc"] == 0 for p in parts.values()), parts
     zoo = json.loads((out / "zoo_full.json").read_text())
     assert zoo["smoke"] and [r["model"] for r in zoo["rows"]] == ["se_resnext50"]
@@ -36,7 +36,10 @@ def test_gpu_check_dry_run_on_cpu_writes_every_part(tmp_path: Path) -> None:
     assert default["steps"] == 10 and default["last_valid"]["loss"] > 0
     fsdp = json.loads((out / "fsdp.json").read_text())
     assert fsdp["steps"] == 5 and fsdp["strategy"]["data_parallel"] == "fsdp", fsdp
+    gap = json.loads((out / "step_gap.json").read_text())
+    assert [r["model"] for r in gap["rows"]] == ["bert"] and {"expert", "hotloop"} <= set(gap["rows"][0]["step_ms"])
     report = render(out)
+    assert "| bert | hotloop |" in report
     assert "| se_resnext50 | small |" in report and "SMOKE: not a measurement" in report
     assert "The default run" in report and "10 steps" in report
 
