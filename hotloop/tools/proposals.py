@@ -131,9 +131,11 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
         out.append(Proposal("bf16", {"precision": "bf16"},
                             f"{kind}-heavy ({dense:.0%} of FLOPs in matmul/conv) on fast-bf16 hardware "
                             f"({why}) -> precision=bf16", expected_gain=0.3, tags=("lossy",)))
-    if (hw.device == "cuda" and hw.cuda_capability >= (8, 0) and share.get("matmul", 0.0) >= HEAVY_SHARE
-            and allow_reduced_precision):
-        out.append(Proposal("tf32", {"tf32": True}, "fp32 matmuls on Ampere+ -> TF32 tensor cores",
+    # Strategy.tf32 covers cuBLAS matmuls and cuDNN convolutions (engine/flags.py); with it off a
+    # step convolves in strict fp32, where a plain PyTorch loop has cuDNN's TF32 on by default
+    if hw.device == "cuda" and hw.cuda_capability >= (8, 0) and dense >= HEAVY_SHARE and allow_reduced_precision:
+        kind = "matmuls" if share.get("matmul", 0.0) >= share.get("conv", 0.0) else "convolutions"
+        out.append(Proposal("tf32", {"tf32": True}, f"fp32 {kind} on Ampere+ -> TF32 tensor cores",
                             expected_gain=0.2, tags=("lossy",)))
     return out + _compile_rules(facts, available_backends, small_ops, planned_seconds, compile_costs or {})
 

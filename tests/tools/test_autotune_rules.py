@@ -28,7 +28,9 @@ def test_conv_heavy_proposes_channels_last_and_cudnn_benchmark_on_cuda():
     assert "channels_last" in labels(propose(conv, CPU_PLAIN))
     assert "cudnn_benchmark" not in labels(propose(conv, CPU_PLAIN))
     on_gpu = propose(conv, AMPERE)
-    assert {"channels_last", "cudnn_benchmark"} <= labels(on_gpu)
+    assert {"channels_last", "cudnn_benchmark", "tf32"} <= labels(on_gpu)     # TF32 covers cuDNN's convs too
+    assert "convolutions" in next(p.rule for p in on_gpu if p.label == "tf32")
+    assert "tf32" not in labels(propose(conv, AMPERE, allow_reduced_precision=False))
     rule = next(p.rule for p in on_gpu if p.label == "channels_last")
     assert "80% of FLOPs in 2-D convolutions" in rule
 
