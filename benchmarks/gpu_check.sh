@@ -53,7 +53,7 @@ if [ "$DRY" = 1 ]; then
   TEST_FILES=(tests/engine/test_engine_cuda.py)
   DEFAULT_ARGS=(--max-steps 10 --strategy default)
   FSDP_STEPS=5
-  GAP_ARGS=(--smoke --models bert)
+  GAP_ARGS=(--smoke --models bert --fed)
   LIMITS=(60 180 120 120 90)
 else
   # the rows docs/data/gpu_check/zoo_full.json lacks first (the JSON keeps each finished row); tuning
@@ -65,8 +65,8 @@ else
   TEST_FILES=(tests/engine/test_engine_cuda.py tests/ops tests/data/test_data_prefetch.py)
   DEFAULT_ARGS=(--max-steps 600)
   FSDP_STEPS=20
-  GAP_ARGS=(--size full --models bert,transformer_base --sdpa --one-shape --rounds 3 --block 6)
-  LIMITS=(110 260 40 30 60)
+  GAP_ARGS=(--size full --models bert,transformer_base --sdpa --one-shape --fed --rounds 3 --block 6)
+  LIMITS=(110 250 40 30 75)
 fi
 
 part machine 30 "$PY" benchmarks/gpu_report.py --machine "$DEVICE" --json "$OUT/machine.json"

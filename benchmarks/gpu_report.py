@@ -133,6 +133,10 @@ def render(out: Path) -> str:
                 paired = r["vs_expert"].get(key)
                 ratio = "-" if paired is None else (f"{paired['paired']:.3f}x ({paired['verdict']})"
                                                     if paired["paired"] else paired["verdict"])
+                if key == "hotloop_fed" and "fed_vs_expert_fed" in r:     # fed loops pair with each other
+                    fed = r["fed_vs_expert_fed"]
+                    ratio = (f"{fed['paired']:.3f}x of expert_fed ({fed['verdict']})" if fed["paired"]
+                             else f"{fed['verdict']} (of expert_fed)")
                 lines.append(f"| {r['model']} | {key} | {ms:.2f} | {ratio} |")
     for title, run, name in (("The default run", default, "default.json"), ("FSDP, world size 1", fsdp, "fsdp.json")):
         lines += ["", f"## {title}", ""]

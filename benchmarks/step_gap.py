@@ -10,14 +10,17 @@ kept on the device, so no reader or copy is timed):
 - **hotloop_tf32** (GPU only): the same plus TF32, which the tuner adds on Ampere and later;
 - **expert_no_cudnn_sdpa** (GPU only, ``--sdpa``): the expert with cuDNN's attention backend off;
 - **expert_one_shape** (``--one-shape``): the expert fed one batch over and over (for models
-  whose batches change shape, such as Transformer-base's token batches).
+  whose batches change shape, such as Transformer-base's token batches);
+- **expert_fed** and **hotloop_fed** (``--fed``): the two read the problem's batches as the zoo
+  has them read (the expert its own way, hotloop through the Trainer's feeder with the default
+  prefetch); ``fed_vs_expert_fed`` pairs them, so feeding's share of a gap shows.
 
 Blocks of ``--block`` steps are interleaved in a balanced Latin square after a warm-up round;
 step times are medians, ``vs_expert`` the paired per-round ratios (``zoo_stats.paired_speedup``).
 The process runs with the Trainer's process settings (:func:`apply_process_settings`: the
-oneDNN primitive cache, glibc keeping freed blocks mapped), as the zoo's does; without them a
-step's large buffers come from fresh pages every step. Every contender's warm-up block starts from the same weights, batches and random state, and
-``first_losses`` keeps the expert's and hotloop's: in fp32 the same math gives the same losses.
+oneDNN primitive cache, glibc keeping freed blocks mapped), as the zoo's does. Every contender's
+warm-up block starts from the same weights, batches and random state, and ``first_losses``
+keeps the expert's and hotloop's: in fp32 the same math gives the same losses.
 
     python benchmarks/step_gap.py --models bert,transformer_base --size full --device cuda --sdpa --one-shape --json F
     python benchmarks/step_gap.py --models bert --smoke                  # checks the script on a CPU
@@ -44,10 +47,11 @@ from hotloop.compose.build import build_run  # noqa: E402
 from hotloop.data import to_device  # noqa: E402
 from hotloop.engine import Strategy, build_step  # noqa: E402
 from hotloop.engine.process_settings import apply_process_settings  # noqa: E402
+from hotloop.problems.base import open_reader  # noqa: E402
 from hotloop.tools.hardware import machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
 from expert_loop import PRECISIONS, ExpertLoop, ExpertSettings, expert_settings  # noqa: E402
-from zoo import MODEL_OF, SIZES, SMOKE_DEFAULT, SMOKE_OVERRIDES  # noqa: E402
+from zoo import MODEL_OF, SIZES, SMOKE_DEFAULT, SMOKE_OVERRIDES, Endless, HotloopLoop  # noqa: E402
 from zoo_stats import paired_speedup, round_order  # noqa: E402
 
 __all__ = ["matching_strategy", "gap_row", "main"]
@@ -106,7 +110,7 @@ def _no_cudnn_sdpa() -> Any:
 
 
 def gap_row(name: str, device: torch.device, *, size: str = "small", precision: str = "auto", rounds: int = 4,
-            block: int = 8, batches: int = 4, sdpa: bool = False, one_shape: bool = False,
+            block: int = 8, batches: int = 4, sdpa: bool = False, one_shape: bool = False, fed: bool = False,
             smoke: bool = False) -> dict[str, Any]:
     """One model's contenders (module doc), interleaved; medians and paired ratios to the expert."""
     problem, hparams, overrides = SIZES[size][name]
@@ -129,22 +133,38 @@ def gap_row(name: str, device: torch.device, *, size: str = "small", precision: 
             flags["expert_no_cudnn_sdpa"] = _no_cudnn_sdpa
     if one_shape:
         loops["expert_one_shape"] = ExpertLoop(copy.deepcopy(run.model), run.hp, _Cycle(made[:1]), device, settings)
+    feeds: list[Endless] = []
+    if fed:        # both read the problem's batches as the zoo has them read: the feeding cost included
+        feeds.append(Endless(open_reader(run.problem, "train", run.hp, workers=settings.data_workers), device,
+                             settings.pin_memory))
+        loops["expert_fed"] = ExpertLoop(copy.deepcopy(run.model), run.hp, feeds[0].next, device, settings)
+        feeding = strategy.replace(prefetch=Strategy().prefetch)
+        with applied_strategy(feeding, device):
+            loops["hotloop_fed"] = HotloopLoop(copy.deepcopy(run.model), run, feeding, device)
+        flags["hotloop_fed"] = lambda: applied_strategy(feeding, device)
     times: dict[str, list[float]] = {key: [] for key in loops}
     keys = list(loops)
-    with preserved_process_state():
-        for r in range(rounds + 1):
-            for key in (keys[i] for i in round_order(len(keys), r)):
-                if r == 0:
-                    torch.manual_seed(0)                   # the same dropout draws in every warm-up block
-                with flags[key]() if key in flags else contextlib.nullcontext():
-                    start = time.perf_counter()
-                    for _ in range(block):
-                        loops[key].step()
-                    loops[key].flush()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    if r > 0:                                  # round 0 warms up
-                        times[key].append((time.perf_counter() - start) / block)
+    try:
+        with preserved_process_state():
+            for r in range(rounds + 1):
+                for key in (keys[i] for i in round_order(len(keys), r)):
+                    if r == 0:
+                        torch.manual_seed(0)                   # the same dropout draws in every warm-up block
+                    with flags[key]() if key in flags else contextlib.nullcontext():
+                        start = time.perf_counter()
+                        for _ in range(block):
+                            loops[key].step()
+                        loops[key].flush()
+                        if device.type == "cuda":
+                            torch.cuda.synchronize(device)
+                        if r > 0:                                  # round 0 warms up
+                            times[key].append((time.perf_counter() - start) / block)
+    finally:
+        for loop in loops.values():
+            if isinstance(loop, HotloopLoop):
+                loop.close()
+        for endless in feeds:
+            endless.close()
     ms = {key: 1e3 * statistics.median(ts) for key, ts in times.items()}
     first = block                                          # the warm-up block: same weights, same batches
     return {"model": name, "size": size, "problem": problem, "hparams": hparams, "overrides": overrides or "",
@@ -152,7 +172,8 @@ def gap_row(name: str, device: torch.device, *, size: str = "small", precision: 
             "strategy": {k: v for k, v in strategy.to_dict().items() if v != getattr(Strategy(), k)},
             "step_ms": ms, "vs_expert": {key: paired_speedup(times["expert"], times[key]) for key in keys
                                          if key != "expert"},
-            "first_losses": {key: loops[key].losses[:first] for key in ("expert", "hotloop")}}
+            "first_losses": {key: loops[key].losses[:first] for key in ("expert", "hotloop")},
+            **({"fed_vs_expert_fed": paired_speedup(times["expert_fed"], times["hotloop_fed"])} if fed else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,21 +187,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=None)
     parser.add_argument("--sdpa", action="store_true", help="GPU: also the expert without cuDNN attention")
     parser.add_argument("--one-shape", action="store_true", help="also the expert on one batch shape")
+    parser.add_argument("--fed", action="store_true", help="also both loops reading batches as in the zoo")
     parser.add_argument("--smoke", action="store_true", help="smallest batches, 1 round of 2 steps: checks the script")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.smoke else 4)
     block = args.block or (2 if args.smoke else 8)
     device = torch.device(args.device)
-    settings = apply_process_settings()          # as the Trainer and the zoo's tuner do: both sides share them
+    process_notes = apply_process_settings()     # as the Trainer and the zoo's tuner do: both sides share them
     machine = machine_header("benchmarks/step_gap.py")
     print(machine, flush=True)
     rows = []
     for name in args.models.split(","):
         if name not in SIZES[args.size]:
             parser.error(f"unknown model {name!r}; the zoo has {', '.join(SIZES[args.size])}")
-        row = gap_row(name, device, size=args.size, precision=args.precision, rounds=rounds, block=block, sdpa=args.sdpa,
-                      one_shape=args.one_shape, smoke=args.smoke)
+        row = gap_row(name, device, size=args.size, precision=args.precision, rounds=rounds, block=block,
+                      sdpa=args.sdpa, one_shape=args.one_shape, fed=args.fed, smoke=args.smoke)
         rows.append(row)
         print(f"[{name}] step ms: " + ", ".join(f"{k} {v:.2f}" for k, v in row["step_ms"].items())
               + "; expert time / contender's: " + ", ".join(
@@ -189,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:        # rewritten after each model: a run cut short keeps what it finished
             Path(args.json).write_text(json.dumps({"machine": machine, "device": str(device), "size": args.size,
                                                    "precision": args.precision, "threads": torch.get_num_threads(),
-                                                   "process_settings": settings,
+                                                   "process_settings": process_notes,
                                                    "rounds": rounds, "block": block, "smoke": args.smoke,
                                                    "rows": rows}, indent=2) + "\n")
     return 0

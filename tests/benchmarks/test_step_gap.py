@@ -43,3 +43,10 @@ def test_json_keeps_every_row(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["precision"] == "fp32" and data["smoke"] and [r["model"] for r in data["rows"]] == ["bert"]
     assert data["rows"][0]["vs_expert"]["hotloop"]["verdict"] == "unpaired"     # one round pairs nothing
+
+
+def test_fed_loops_read_the_problems_batches_and_pair_with_each_other() -> None:
+    import multiprocessing
+    row = gap_row("bert", torch.device("cpu"), precision="fp32", rounds=1, block=2, smoke=True, fed=True)
+    assert {"expert_fed", "hotloop_fed"} <= set(row["step_ms"]) and "fed_vs_expert_fed" in row
+    assert not multiprocessing.active_children()                    # the feeders are closed
