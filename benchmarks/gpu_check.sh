@@ -5,6 +5,9 @@
 #   bash benchmarks/gpu_check.sh --device cpu --dry-run [--out DIR]                     # the same parts, tiny (CI)
 #   python benchmarks/gpu_report.py docs/data/gpu_check > docs/gpu.md                   # re-make docs/gpu.md
 #
+# docs/data/gpu_check/notes.md (hand-written, appended to docs/gpu.md) reads the numbers of the run
+# kept there: rewrite it when a new run replaces that folder's JSON.
+#
 # Each part has its own time limit and a failing part does not stop the next one; every part writes
 # JSON into OUT (docs/data/gpu_check by default; a temporary folder for --dry-run):
 #   machine.json      the GPU (or CPU), torch, driver;
