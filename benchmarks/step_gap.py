@@ -33,7 +33,6 @@ import copy
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,7 +50,7 @@ from hotloop.problems.base import open_reader  # noqa: E402
 from hotloop.tools.hardware import machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
 from expert_loop import PRECISIONS, ExpertLoop, ExpertSettings, expert_settings  # noqa: E402
-from zoo import MODEL_OF, SIZES, SMOKE_DEFAULT, SMOKE_OVERRIDES, Endless, HotloopLoop  # noqa: E402
+from zoo import MODEL_OF, SIZES, SMOKE_DEFAULT, SMOKE_OVERRIDES, Endless, HotloopLoop, _timed_block  # noqa: E402
 from zoo_stats import paired_speedup, round_order  # noqa: E402
 
 __all__ = ["matching_strategy", "gap_row", "main"]
@@ -150,15 +149,9 @@ def gap_row(name: str, device: torch.device, *, size: str = "small", precision: 
                 for key in (keys[i] for i in round_order(len(keys), r)):
                     if r == 0:
                         torch.manual_seed(0)                   # the same dropout draws in every warm-up block
-                    with flags[key]() if key in flags else contextlib.nullcontext():
-                        start = time.perf_counter()
-                        for _ in range(block):
-                            loops[key].step()
-                        loops[key].flush()
-                        if device.type == "cuda":
-                            torch.cuda.synchronize(device)
-                        if r > 0:                                  # round 0 warms up
-                            times[key].append((time.perf_counter() - start) / block)
+                    seconds = _timed_block(loops[key], block, device, flags.get(key))
+                    if r > 0:                                      # round 0 warms up
+                        times[key].append(seconds)
     finally:
         for loop in loops.values():
             if isinstance(loop, HotloopLoop):
