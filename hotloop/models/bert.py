@@ -39,8 +39,9 @@ from ..problems.base import Batch, ProblemSpec
 from ..problems.bert_pretrain import BertPretrainHParams
 from ..registry import hparams_sets, models
 from ..ops.dropout import dropout as apply_dropout
-from .base import LossOutput, SequenceModel, token_stats
-from .formulation import BITS16_OPTION, Formulation, FormulationOption
+from .base import LossOutput, SequenceModel, count, token_stats
+from .formulation import BITS16_OPTION, FUSED_CE_OPTIONS, Formulation, FormulationOption
+from .fused_ce import linear_token_loss
 
 __all__ = ["BERT", "BertHParams", "BertLayer", "GELU_APPROXIMATE", "bert_base", "bert_small", "bert_tiny",
            "bert_minilm_l6"]
@@ -114,8 +115,9 @@ class BERT(SequenceModel):
 
     tasks = ("pretrain", "classify")
     hparams_class = BertHParams
-    #: its nn.Dropout modules follow the engine; the attention weights' masks are its own
-    formulation_fields = ("dropout_masks",)
+    #: its nn.Dropout modules follow the engine; the attention weights' masks are its own;
+    #: the fused MLM projection + cross-entropy
+    formulation_fields = ("dropout_masks", "fused_ce", "ce_chunk_rows", "ce_gemm_dtype")
 
     def __init__(self, hp: BertHParams, spec: ProblemSpec) -> None:
         if not isinstance(hp, BertHParams):
@@ -156,8 +158,10 @@ class BERT(SequenceModel):
             layer.dropout_masks = formulation.dropout_masks
 
     def formulation_options(self) -> list[FormulationOption]:
-        """bits16 dropout masks when the attention weights drop (its nn.Dropout modules: the engine's)."""
-        return [BITS16_OPTION] if self.hp.attention_dropout > 0 else []
+        """bits16 dropout masks when the attention weights drop (its nn.Dropout modules: the engine's);
+        when pretraining, the fused MLM projection + cross-entropy."""
+        options = [BITS16_OPTION] if self.hp.attention_dropout > 0 else []
+        return options + (list(FUSED_CE_OPTIONS) if self.spec.task == "pretrain" else [])
 
     def reset_parameters(self) -> None:
         """Normal(0, initializer_range) weights, zero biases, unit LayerNorms (as BERT)."""
@@ -202,15 +206,32 @@ class BERT(SequenceModel):
         """tanh(dense(the [CLS] state)): [B, T, H] -> [B, H]."""
         return torch.tanh(self.pooler(x[:, 0]))
 
-    def heads(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """(MLM logits [B, P, V] at ``mlm_positions``, NSP logits [B, 2])."""
+    def head_states(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """(MLM head states [B, P, H] at ``mlm_positions``, before the vocabulary projection;
+        NSP logits [B, 2])."""
         x = self.encode(batch)                                                      # [B, T, H]
         positions = batch["mlm_positions"]                                          # [B, P]
         picked = torch.gather(x, 1, positions.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, P, H]
         picked = self.mlm_norm(F.gelu(self.mlm_transform(picked), approximate=self.approximate))
-        mlm_logits = F.linear(picked, self.word_embedding.weight, self.mlm_bias)    # [B, P, V]
-        nsp_logits = self.nsp_head(self.pooled(x))                                  # [B, 2]
-        return mlm_logits, nsp_logits
+        return picked, self.nsp_head(self.pooled(x))
+
+    def heads(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """(MLM logits [B, P, V] at ``mlm_positions``, NSP logits [B, 2])."""
+        picked, nsp_logits = self.head_states(batch)
+        return F.linear(picked, self.word_embedding.weight, self.mlm_bias), nsp_logits  # [B, P, V], [B, 2]
+
+    def _fused_mlm(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+        """``fused_ce``: the MLM projection and loss chunk by chunk -> (mean MLM loss, stats, NSP logits)."""
+        picked, nsp_logits = self.head_states(batch)                                # [B, P, H], [B, 2]
+        targets = batch["targets"]                                                  # [B, P]
+        form = self.formulation
+        gemm_dtype = torch.bfloat16 if form.ce_gemm_dtype == "bf16" and self.training else None
+        nll_sum = linear_token_loss(picked.reshape(-1, picked.shape[-1]), self.word_embedding.weight,
+                                    self.mlm_bias, targets.reshape(-1), ignore_index=self.spec.pad_id,
+                                    chunk_rows=form.ce_chunk_rows or None, gemm_dtype=gemm_dtype)[0]
+        tokens = (targets != self.spec.pad_id).sum()
+        stats = {"nll_sum": nll_sum.detach(), "tokens": tokens, "examples": count(targets.shape[0], targets)}
+        return nll_sum / tokens.clamp(min=1), stats, nsp_logits
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         if self.spec.task == "classify":
@@ -230,10 +251,14 @@ class BERT(SequenceModel):
             loss, stats = token_stats(logits, batch["targets"], with_accuracy=with_accuracy, pad_id=-1)
             stats.pop("seq_correct", None)
             return LossOutput(loss, stats, None, logits, weight=stats["tokens"])
-        mlm_logits, nsp_logits = self.heads(batch)
-        mlm_loss, stats = token_stats(mlm_logits, batch["targets"], with_accuracy=with_accuracy,
-                                      pad_id=self.spec.pad_id)
-        stats.pop("seq_correct", None)
+        if self.formulation.fused_ce and not with_accuracy:
+            mlm_logits = None
+            mlm_loss, stats, nsp_logits = self._fused_mlm(batch)
+        else:
+            mlm_logits, nsp_logits = self.heads(batch)
+            mlm_loss, stats = token_stats(mlm_logits, batch["targets"], with_accuracy=with_accuracy,
+                                          pad_id=self.spec.pad_id)
+            stats.pop("seq_correct", None)
         nsp_targets = batch["nsp_targets"]                                          # [B], -100 = none
         nsp_nll = F.cross_entropy(nsp_logits.float(), nsp_targets, ignore_index=-100, reduction="sum")
         nsp_examples = (nsp_targets != -100).sum()

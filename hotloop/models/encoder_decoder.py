@@ -25,7 +25,9 @@ from torch import Tensor, nn
 from ..hparams import HParams
 from ..problems.base import PAD_ID, Batch, ProblemSpec
 from ..problems.translation import Seq2SeqHParams
-from .base import ModelMismatchError, SequenceModel
+from .base import LossOutput, ModelMismatchError, SequenceModel, count
+from .formulation import FUSED_CE_OPTIONS, FormulationOption
+from .fused_ce import linear_token_loss
 from .layers import OutputTop, TokenEmbedding, shift_right
 
 __all__ = ["EncoderDecoder", "Seq2SeqHParams", "DecodeState", "START_ID"]
@@ -59,6 +61,7 @@ class DecodeState:
 class EncoderDecoder(SequenceModel):
     tasks = ("seq2seq",)
     learned_positions: ClassVar[bool] = False
+    formulation_fields = ("fused_ce", "ce_chunk_rows", "ce_gemm_dtype")
 
     def __init__(self, hp: HParams, spec: ProblemSpec, body: nn.Module | None = None) -> None:
         super().__init__(hp, spec)
@@ -82,11 +85,37 @@ class EncoderDecoder(SequenceModel):
     def make_body(self, hp: HParams) -> nn.Module:
         raise NotImplementedError
 
-    def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
+    def formulation_options(self) -> list[FormulationOption]:
+        """The fused output projection + cross-entropy (fp32, or with bf16 GEMM operands)."""
+        return list(FUSED_CE_OPTIONS)
+
+    def hidden_states(self, batch: Batch) -> Tensor:
+        """The body's output before the output projection: [B, T, H]."""
         inputs, targets = batch["inputs"], batch["targets"]
         src = self.src_bottom(inputs)                     # [B, S, H]
         tgt = self.tgt_bottom(shift_right(targets, START_ID))  # [B, T, H]
-        return self.top(self.body(src, tgt, inputs == PAD_ID)), None
+        return self.body(src, tgt, inputs == PAD_ID)
+
+    def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
+        return self.top(self.hidden_states(batch)), None
+
+    def loss(self, batch: Batch, state: Any = None, *, with_accuracy: bool = False) -> LossOutput:
+        """Token cross-entropy (label-smoothed while training); with ``fused_ce`` the output
+        projection and the loss run chunk by chunk and no logits are returned."""
+        form = self.formulation
+        if not form.fused_ce or with_accuracy:
+            return super().loss(batch, state, with_accuracy=with_accuracy)
+        targets = batch["targets"]                                         # [B, T]
+        hidden = self.hidden_states(batch)                                 # [B, T, H]
+        proj = self.top.proj
+        gemm_dtype = torch.bfloat16 if form.ce_gemm_dtype == "bf16" and self.training else None
+        loss_sum, nll_sum = linear_token_loss(
+            hidden.reshape(-1, hidden.shape[-1]), proj.weight, proj.bias, targets.reshape(-1),
+            label_smoothing=self.hp.label_smoothing if self.training else 0.0,
+            ignore_index=self.spec.pad_id, chunk_rows=form.ce_chunk_rows or None, gemm_dtype=gemm_dtype)
+        tokens = (targets != self.spec.pad_id).sum()
+        stats = {"nll_sum": nll_sum, "tokens": tokens, "examples": count(targets.shape[0], targets)}
+        return LossOutput(loss_sum / tokens.clamp(min=1), stats, None, None, weight=tokens)
 
     # -- incremental decoding --------------------------------------------------------------
     @property

@@ -25,7 +25,7 @@ from .lstm_cells import LSTM_IMPLS
 
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
            "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING", "ENGINE_FIELDS", "RANDOM_STREAM_FIELDS",
-           "BITS16_OPTION"]
+           "BITS16_OPTION", "FUSED_CE_OPTIONS"]
 
 #: accepted values of the string fields
 GEMM_DTYPES = ("fp32", "bf16")
@@ -112,3 +112,13 @@ class FormulationOption:
 BITS16_OPTION = FormulationOption("dropout_masks=bits16", {"dropout_masks": "bits16"},
                                   "dropout masks from 16-bit integer draws (a quarter of the random draws)",
                                   rounding="random_stream", expected_gain=0.1)
+
+#: the fused output projection + cross-entropy, in fp32 and with bf16 GEMM operands: offered by
+#: models whose loss is a token cross-entropy over a vocabulary-sized output layer
+FUSED_CE_OPTIONS = (
+    FormulationOption("fused_ce", {"fused_ce": True},
+                      "chunked output projection + cross-entropy (no [tokens, V] logits kept)",
+                      expected_gain=0.3),
+    FormulationOption("fused_ce bf16", {"fused_ce": True, "ce_gemm_dtype": "bf16"},
+                      "fused output+CE with bf16 GEMM operands (fp32 softmax sums and gradients)",
+                      rounding="bf16", needs_fast_bf16=True, expected_gain=0.5))

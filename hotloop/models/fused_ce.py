@@ -4,8 +4,11 @@
 token NLL of ``log_softmax(hidden @ weight.T + bias)`` without ever holding
 the full ``[tokens, vocab]`` fp32 logits: rows are processed ``chunk_rows`` at
 a time. When a gradient is needed, the gradient of the sum is computed in the
-same pass (softmax minus one-hot, then two GEMMs), so backward is only a
-scalar rescale: no logits are saved and none are recomputed.
+same pass (softmax minus the target distribution, then two GEMMs), so backward
+is only a scalar rescale: no logits are saved and none are recomputed.
+``linear_token_loss`` gives the label-smoothed sum (``F.cross_entropy``'s
+``label_smoothing``: target distribution ``(1-e) onehot + e/V``) and the plain
+NLL sum from the same pass.
 
 Two paths compute the same function:
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["linear_cross_entropy", "DEFAULT_CHUNK_ROWS", "DEFAULT_LOW_BLOCK_BYTES"]
+__all__ = ["linear_cross_entropy", "linear_token_loss", "DEFAULT_CHUNK_ROWS", "DEFAULT_LOW_BLOCK_BYTES"]
 
 DEFAULT_CHUNK_ROWS = 256                # fp32 path: rows of fp32 logits live at once
 DEFAULT_LOW_BLOCK_BYTES = 64 << 20      # bf16 path: bytes of bf16 probabilities per block
@@ -34,12 +37,14 @@ DEFAULT_LOW_BLOCK_BYTES = 64 << 20      # bf16 path: bytes of bf16 probabilities
 Grads = tuple[Tensor | None, Tensor | None, Tensor | None]
 
 
-def _fp32_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-               ignore_index: int, chunk_rows: int, with_grad: bool) -> tuple[Tensor, Grads]:
-    """Summed NLL (and unit gradients) in the weight's dtype, ``chunk_rows`` rows at a time."""
+def _fp32_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, ignore_index: int,
+               chunk_rows: int, with_grad: bool, smoothing: float) -> tuple[Tensor, Tensor, Grads]:
+    """Summed smoothed loss and NLL (and unit gradients of the loss) in the weight's dtype,
+    ``chunk_rows`` rows at a time."""
     # hidden [N, H], weight [V, H], bias [V] | None, targets [N] int64
-    n = hidden.shape[0]
+    n, vocab = hidden.shape[0], weight.shape[0]
     total = hidden.new_zeros(())
+    total_nll = hidden.new_zeros(())
     grad_hidden = torch.empty_like(hidden) if with_grad else None
     grad_weight = torch.zeros_like(weight) if with_grad else None
     grad_bias = torch.zeros_like(bias) if (with_grad and bias is not None) else None
@@ -53,36 +58,45 @@ def _fp32_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Ten
         valid = tgt != ignore_index if ignore_index >= 0 else None
         safe_tgt = tgt.clamp(min=0) if valid is not None else tgt
         target_logit = logits.gather(1, safe_tgt[:, None]).squeeze(1)     # [n], shifted
+        mean_logit = logits.mean(dim=1) if smoothing else None            # [n], shifted
         probs = logits.exp_()                                             # [n, V] unnormalised
         sum_exp = probs.sum(dim=1)                                        # [n]
-        nll = sum_exp.log() - target_logit                                # [n]
+        log_sum = sum_exp.log()                                           # [n] logsumexp, shifted
+        nll = log_sum - target_logit                                      # [n]
+        loss = nll if mean_logit is None else (1 - smoothing) * nll + smoothing * (log_sum - mean_logit)
         if valid is not None:
-            nll = nll * valid
-        total += nll.sum()
+            nll, loss = nll * valid, loss * valid
+        nll_sum = nll.sum()
+        total_nll += nll_sum
+        total += loss.sum() if smoothing else nll_sum
         if with_grad:
             probs.div_(sum_exp[:, None])                                  # softmax
-            probs.scatter_add_(1, safe_tgt[:, None], probs.new_full((stop - start, 1), -1.0))
+            if smoothing:
+                probs.sub_(smoothing / vocab)
+            probs.scatter_add_(1, safe_tgt[:, None], probs.new_full((stop - start, 1), smoothing - 1.0))
             if valid is not None:
-                probs.mul_(valid[:, None])                                # softmax - onehot
+                probs.mul_(valid[:, None])                                # softmax - target
             if grad_bias is not None:
                 grad_bias += probs.sum(dim=0)
             torch.mm(probs, weight, out=grad_hidden[start:stop])           # [n, H]
             grad_weight.addmm_(probs.t(), h)                              # [V, H]
-    return total, (grad_hidden, grad_weight, grad_bias)
+    return total, total_nll, (grad_hidden, grad_weight, grad_bias)
 
 
-def _low_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-              ignore_index: int, block_rows: int, with_grad: bool,
-              dtype: torch.dtype) -> tuple[Tensor, Grads]:
-    """Summed NLL (and unit gradients) with GEMM operands and probabilities in ``dtype``.
+def _low_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, ignore_index: int,
+              block_rows: int, with_grad: bool, smoothing: float,
+              dtype: torch.dtype) -> tuple[Tensor, Tensor, Grads]:
+    """Summed smoothed loss and NLL (and unit gradients of the loss) with GEMM operands and
+    probabilities in ``dtype``.
 
     The bias is folded into the GEMMs: ``[h | 1] @ [W | b].T`` are the logits and
-    ``(softmax - onehot).T @ [h | 1]`` is ``[dW | db]``. Loss and gradients come
+    ``(softmax - target).T @ [h | 1]`` is ``[dW | db]``. Loss and gradients come
     back in the weight's dtype; GEMMs accumulate in fp32.
     """
     n, width = hidden.shape
+    vocab = weight.shape[0]
     extra = 1 if bias is not None else 0
-    w_low = weight.new_empty((weight.shape[0], width + extra), dtype=dtype)   # [V, H(+1)]
+    w_low = weight.new_empty((vocab, width + extra), dtype=dtype)               # [V, H(+1)]
     w_low[:, :width].copy_(weight)
     h_low = hidden.new_empty((n, width + extra), dtype=dtype)                  # [N, H(+1)]
     h_low[:, :width].copy_(hidden)
@@ -90,6 +104,7 @@ def _low_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tens
         w_low[:, width].copy_(bias)
         h_low[:, width].fill_(1.0)
     nll = hidden.new_zeros(n)                                              # [N] fp32
+    loss = hidden.new_zeros(n) if smoothing else nll                       # [N] fp32
     grad_hidden = torch.empty_like(hidden) if with_grad else None
     grad_low = None              # [V, H(+1)]: one block's low product, or fp32 sum of several
     for start in range(0, n, block_rows):
@@ -97,58 +112,93 @@ def _low_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tens
         h = h_low[start:stop]                                              # [n, H(+1)]
         tgt = targets[start:stop]                                          # [n]
         probs = torch.mm(h, w_low.t())                                     # [n, V] logits, low precision
-        torch.ops.aten._softmax.out(probs, 1, False, out=probs)            # in place: one exp pass
         valid = tgt != ignore_index if ignore_index >= 0 else None
         at_target = (torch.arange(stop - start, device=tgt.device),
                      tgt.clamp(min=0) if valid is not None else tgt)       # index, not scatter:
+        if smoothing:
+            target_logit = probs[at_target].float()                        # [n]
+            mean_logit = probs.sum(dim=1, dtype=torch.float32).div_(vocab)  # [n]
+        torch.ops.aten._softmax.out(probs, 1, False, out=probs)            # in place: one exp pass
         target_prob = probs[at_target].float().clamp_(min=torch.finfo(torch.float32).tiny)
         block_nll = -target_prob.log_()                                    # [n]
         nll[start:stop] = block_nll if valid is None else block_nll * valid
+        if smoothing:            # logsumexp = nll + target logit
+            block_loss = (1 - smoothing) * block_nll + smoothing * (block_nll + target_logit - mean_logit)
+            loss[start:stop] = block_loss if valid is None else block_loss * valid
         if not with_grad:
             continue
-        # softmax - onehot (index_put_: scatter_add_ on bf16 copies the whole block twice)
-        probs.index_put_(at_target, probs.new_full((), -1.0), accumulate=True)
+        # softmax - target (index_put_: scatter_add_ on bf16 copies the whole block twice)
+        if smoothing:
+            probs.sub_(smoothing / vocab)
+        probs.index_put_(at_target, probs.new_full((), smoothing - 1.0), accumulate=True)
         if valid is not None:
             probs.mul_(valid[:, None])
         grad_hidden[start:stop] = torch.mm(probs, w_low)[:, :width]       # [n, H]
         block_grad = torch.mm(probs.t(), h)                               # [V, H(+1)] low
         grad_low = block_grad if grad_low is None else grad_low.float().add_(block_grad)
     if not with_grad:
-        return nll.sum(), (None, None, None)
+        return loss.sum(), nll.sum(), (None, None, None)
     # one strided copy each into dense gradients of the parameters' dtype
     grad_weight = torch.empty_like(weight).copy_(grad_low[:, :width])
     grad_bias = torch.empty_like(bias).copy_(grad_low[:, width]) if bias is not None else None
-    return nll.sum(), (grad_hidden, grad_weight, grad_bias)
+    return loss.sum(), nll.sum(), (grad_hidden, grad_weight, grad_bias)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Summed NLL; saves the (unit) gradients computed in forward."""
+    """(Summed smoothed loss, summed NLL); saves the (unit) gradients of the loss computed in forward."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
                 ignore_index: int, chunk_rows: int | None, with_grad: bool,
-                gemm_dtype: torch.dtype | None) -> Tensor:
+                gemm_dtype: torch.dtype | None, smoothing: float) -> tuple[Tensor, Tensor]:
         if gemm_dtype is not None and gemm_dtype != weight.dtype:
             rows = chunk_rows or max(1, DEFAULT_LOW_BLOCK_BYTES // (weight.shape[0] * gemm_dtype.itemsize))
-            total, grads = _low_pass(hidden, weight, bias, targets, ignore_index, rows, with_grad,
-                                     gemm_dtype)
+            total, nll, grads = _low_pass(hidden, weight, bias, targets, ignore_index, rows, with_grad,
+                                          smoothing, gemm_dtype)
         else:
-            total, grads = _fp32_pass(hidden, weight, bias, targets, ignore_index,
-                                      chunk_rows or DEFAULT_CHUNK_ROWS, with_grad)
+            total, nll, grads = _fp32_pass(hidden, weight, bias, targets, ignore_index,
+                                           chunk_rows or DEFAULT_CHUNK_ROWS, with_grad, smoothing)
         if with_grad:
             ctx.save_for_backward(*grads)
         ctx.has_bias = bias is not None
-        return total
+        ctx.mark_non_differentiable(nll)
+        return total, nll
 
     @staticmethod
-    def backward(ctx, grad_total: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_total: Tensor, grad_nll: Tensor | None = None):  # type: ignore[override]
         # Scaled in place: a fresh [V, H] result would cost an allocation and its page faults
         # every step. A second backward through the same graph (retain_graph) is refused by
         # autograd's version check on the saved tensors, never answered with twice-scaled values.
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         scale = grad_total
         gb = grad_bias.mul_(scale) if ctx.has_bias else None
-        return grad_hidden.mul_(scale), grad_weight.mul_(scale), gb, None, None, None, None, None
+        return grad_hidden.mul_(scale), grad_weight.mul_(scale), gb, None, None, None, None, None, None
+
+
+def linear_token_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *,
+                      label_smoothing: float = 0.0, ignore_index: int = -1, chunk_rows: int | None = None,
+                      gemm_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """(Summed label-smoothed cross-entropy, summed NLL) of ``hidden @ weight.T + bias``.
+
+    The first is differentiable and equals ``F.cross_entropy(logits, targets,
+    label_smoothing=label_smoothing, reduction="sum")`` (ignored rows count zero); the
+    second is the plain NLL sum from the same pass (no gradient). Arguments as
+    :func:`linear_cross_entropy`.
+    """
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"linear_cross_entropy: hidden must be [N, H] and targets [N], "
+                         f"got {tuple(hidden.shape)} and {tuple(targets.shape)}")
+    if chunk_rows is not None and chunk_rows < 1:
+        raise ValueError(f"linear_cross_entropy: chunk_rows must be >= 1, got {chunk_rows}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    with_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias))
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        hidden = hidden.to(weight.dtype)
+        return _LinearCrossEntropy.apply(hidden.contiguous(), weight, bias, targets.contiguous(),
+                                         ignore_index, chunk_rows, with_grad, gemm_dtype,
+                                         float(label_smoothing))
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *,
@@ -166,14 +216,5 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
     gradients returned in fp32): about 2x faster on CPUs with AVX512-BF16, with
     bf16 rounding of logits, probabilities and gradients.
     """
-    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
-        raise ValueError(f"linear_cross_entropy: hidden must be [N, H] and targets [N], "
-                         f"got {tuple(hidden.shape)} and {tuple(targets.shape)}")
-    if chunk_rows is not None and chunk_rows < 1:
-        raise ValueError(f"linear_cross_entropy: chunk_rows must be >= 1, got {chunk_rows}")
-    with_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (hidden, weight, bias))
-    with torch.autocast(device_type=hidden.device.type, enabled=False):
-        hidden = hidden.to(weight.dtype)
-        return _LinearCrossEntropy.apply(hidden.contiguous(), weight, bias, targets.contiguous(),
-                                         ignore_index, chunk_rows, with_grad, gemm_dtype)
+    return linear_token_loss(hidden, weight, bias, targets, ignore_index=ignore_index,
+                             chunk_rows=chunk_rows, gemm_dtype=gemm_dtype)[0]

@@ -23,7 +23,7 @@ from ..ops.dropout import dropout as apply_dropout
 from ..problems.base import Batch, ProblemSpec
 from ..registry import hparams_sets, models
 from .base import LossOutput, SequenceModel, count, token_stats
-from .formulation import BITS16_OPTION, FORMULATION_FIELDS, FormulationOption
+from .formulation import BITS16_OPTION, FORMULATION_FIELDS, FUSED_CE_OPTIONS, FormulationOption
 from .fused_ce import linear_cross_entropy
 from .lstm_cells import LSTMState, run_lstm
 
@@ -70,13 +70,7 @@ class LSTMLM(SequenceModel):
     def formulation_options(self) -> list[FormulationOption]:
         """The fused output+CE (fp32 or with bf16 GEMM operands) and, from WIDE_HIDDEN up,
         the hand-written BPTT with bf16 GEMM operands; with dropout, bits16 masks."""
-        options = [
-            FormulationOption("fused_ce", {"fused_ce": True},
-                              "chunked output projection + cross-entropy (no [T*B, V] logits kept)",
-                              expected_gain=0.3),
-            FormulationOption("fused_ce bf16", {"fused_ce": True, "ce_gemm_dtype": "bf16"},
-                              "fused output+CE with bf16 GEMM operands (fp32 softmax and gradients)",
-                              rounding="bf16", needs_fast_bf16=True, expected_gain=0.5)]
+        options = list(FUSED_CE_OPTIONS)
         if self.hp.hidden_size >= WIDE_HIDDEN:
             options.append(FormulationOption(
                 "bptt bf16", {"lstm_impl": "bptt", "lstm_gemm_dtype": "bf16"},
