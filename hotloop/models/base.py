@@ -17,9 +17,10 @@ from torch import Tensor, nn
 from ..errors import UserError
 from ..hparams import HParams
 from .formulation import ENGINE_FIELDS, Formulation, FormulationError, FormulationOption
+from .fused_ce import linear_token_loss
 from ..problems.base import PAD_ID, Batch, ProblemSpec
 
-__all__ = ["LossOutput", "SequenceModel", "token_stats", "count", "ModelMismatchError"]
+__all__ = ["LossOutput", "SequenceModel", "token_stats", "fused_token_stats", "count", "ModelMismatchError"]
 
 
 class ModelMismatchError(UserError, ValueError):
@@ -71,6 +72,25 @@ def token_stats(logits: Tensor, targets: Tensor, *, with_accuracy: bool,
         stats["correct"] = (hit.reshape(-1) & mask).sum()
         stats["seq_correct"] = hit.all(dim=-1).sum()
     return loss / denom, stats
+
+
+def fused_token_stats(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
+                      formulation: Formulation, *, training: bool, examples: int, label_smoothing: float = 0.0,
+                      pad_id: int = PAD_ID) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`token_stats` for the ``fused_ce`` formulation: the output projection and the loss
+    chunk by chunk (``models/fused_ce.py``), no logits.
+
+    hidden: [N, H], its rows aligned with targets: [N]; ``examples`` is the batch's example count.
+    Returns (*summed* loss, label-smoothed while ``training``; stats ``nll_sum``, ``tokens``,
+    ``examples``). GEMM operands are bf16 only while training with ``ce_gemm_dtype="bf16"``.
+    """
+    gemm_dtype = torch.bfloat16 if formulation.ce_gemm_dtype == "bf16" and training else None
+    loss_sum, nll_sum = linear_token_loss(hidden, weight, bias, targets,
+                                          label_smoothing=label_smoothing if training else 0.0,
+                                          ignore_index=pad_id, chunk_rows=formulation.ce_chunk_rows or None,
+                                          gemm_dtype=gemm_dtype)
+    tokens = (targets != pad_id).sum() if pad_id >= 0 else count(targets.numel(), targets)
+    return loss_sum, {"nll_sum": nll_sum, "tokens": tokens, "examples": count(examples, targets)}
 
 
 class SequenceModel(nn.Module):

@@ -39,9 +39,8 @@ from ..problems.base import Batch, ProblemSpec
 from ..problems.bert_pretrain import BertPretrainHParams
 from ..registry import hparams_sets, models
 from ..ops.dropout import dropout as apply_dropout
-from .base import LossOutput, SequenceModel, count, token_stats
+from .base import LossOutput, SequenceModel, fused_token_stats, token_stats
 from .formulation import BITS16_OPTION, FUSED_CE_OPTIONS, Formulation, FormulationOption
-from .fused_ce import linear_token_loss
 
 __all__ = ["BERT", "BertHParams", "BertLayer", "GELU_APPROXIMATE", "bert_base", "bert_small", "bert_tiny",
            "bert_minilm_l6"]
@@ -224,14 +223,11 @@ class BERT(SequenceModel):
         """``fused_ce``: the MLM projection and loss chunk by chunk -> (mean MLM loss, stats, NSP logits)."""
         picked, nsp_logits = self.head_states(batch)                                # [B, P, H], [B, 2]
         targets = batch["targets"]                                                  # [B, P]
-        form = self.formulation
-        gemm_dtype = torch.bfloat16 if form.ce_gemm_dtype == "bf16" and self.training else None
-        nll_sum = linear_token_loss(picked.reshape(-1, picked.shape[-1]), self.word_embedding.weight,
-                                    self.mlm_bias, targets.reshape(-1), ignore_index=self.spec.pad_id,
-                                    chunk_rows=form.ce_chunk_rows or None, gemm_dtype=gemm_dtype)[0]
-        tokens = (targets != self.spec.pad_id).sum()
-        stats = {"nll_sum": nll_sum.detach(), "tokens": tokens, "examples": count(targets.shape[0], targets)}
-        return nll_sum / tokens.clamp(min=1), stats, nsp_logits
+        nll_sum, stats = fused_token_stats(picked.reshape(-1, picked.shape[-1]), self.word_embedding.weight,
+                                           self.mlm_bias, targets.reshape(-1), self.formulation,
+                                           training=self.training, examples=targets.shape[0],
+                                           pad_id=self.spec.pad_id)
+        return nll_sum / stats["tokens"].clamp(min=1), stats, nsp_logits
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         if self.spec.task == "classify":

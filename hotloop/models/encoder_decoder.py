@@ -25,9 +25,8 @@ from torch import Tensor, nn
 from ..hparams import HParams
 from ..problems.base import PAD_ID, Batch, ProblemSpec
 from ..problems.translation import Seq2SeqHParams
-from .base import LossOutput, ModelMismatchError, SequenceModel, count
+from .base import LossOutput, ModelMismatchError, SequenceModel, fused_token_stats
 from .formulation import FUSED_CE_OPTIONS, FormulationOption
-from .fused_ce import linear_token_loss
 from .layers import OutputTop, TokenEmbedding, shift_right
 
 __all__ = ["EncoderDecoder", "Seq2SeqHParams", "DecodeState", "START_ID"]
@@ -107,14 +106,11 @@ class EncoderDecoder(SequenceModel):
             return super().loss(batch, state, with_accuracy=with_accuracy)
         targets = batch["targets"]                                         # [B, T]
         hidden = self.hidden_states(batch)                                 # [B, T, H]
-        proj = self.top.proj
-        gemm_dtype = torch.bfloat16 if form.ce_gemm_dtype == "bf16" and self.training else None
-        loss_sum, nll_sum = linear_token_loss(
-            hidden.reshape(-1, hidden.shape[-1]), proj.weight, proj.bias, targets.reshape(-1),
-            label_smoothing=self.hp.label_smoothing if self.training else 0.0,
-            ignore_index=self.spec.pad_id, chunk_rows=form.ce_chunk_rows or None, gemm_dtype=gemm_dtype)
-        tokens = (targets != self.spec.pad_id).sum()
-        stats = {"nll_sum": nll_sum, "tokens": tokens, "examples": count(targets.shape[0], targets)}
+        loss_sum, stats = fused_token_stats(hidden.reshape(-1, hidden.shape[-1]), self.top.proj.weight,
+                                            self.top.proj.bias, targets.reshape(-1), form,
+                                            training=self.training, examples=targets.shape[0],
+                                            label_smoothing=self.hp.label_smoothing, pad_id=self.spec.pad_id)
+        tokens = stats["tokens"]
         return LossOutput(loss_sum / tokens.clamp(min=1), stats, None, None, weight=tokens)
 
     # -- incremental decoding --------------------------------------------------------------

@@ -22,9 +22,8 @@ from ..hparams import HParams
 from ..ops.dropout import dropout as apply_dropout
 from ..problems.base import Batch, ProblemSpec
 from ..registry import hparams_sets, models
-from .base import LossOutput, SequenceModel, count, token_stats
+from .base import LossOutput, SequenceModel, fused_token_stats, token_stats
 from .formulation import BITS16_OPTION, FORMULATION_FIELDS, FUSED_CE_OPTIONS, FormulationOption
-from .fused_ce import linear_cross_entropy
 from .lstm_cells import LSTMState, run_lstm
 
 __all__ = ["LSTMLM", "LSTMLMHParams", "lstm_lm_small", "lstm_lm_medium", "lstm_lm_large", "lstm_lm_example",
@@ -122,14 +121,9 @@ class LSTMLM(SequenceModel):
         if form.fused_ce and not with_accuracy:
             y, new_state = self.hidden_states(batch["inputs"], state)    # [T, B, H]
             flat_targets = targets.t().reshape(-1)                       # [T*B], time-major
-            nll = linear_cross_entropy(y.reshape(-1, y.shape[-1]), self.output.weight,
-                                       self.output.bias, flat_targets,
-                                       ignore_index=self.spec.pad_id,
-                                       chunk_rows=form.ce_chunk_rows or None,
-                                       gemm_dtype=self._gemm_dtype(form.ce_gemm_dtype))
-            pad = self.spec.pad_id
-            tokens = (flat_targets != pad).sum() if pad >= 0 else count(flat_targets.numel(), targets)
-            stats = {"nll_sum": nll.detach(), "tokens": tokens, "examples": count(targets.shape[0], targets)}
+            nll, stats = fused_token_stats(y.reshape(-1, y.shape[-1]), self.output.weight, self.output.bias,
+                                           flat_targets, form, training=self.training,
+                                           examples=targets.shape[0], pad_id=self.spec.pad_id)
             logits = None
         else:
             logits, new_state = self(batch, state)
