@@ -15,7 +15,8 @@ For each model, in ONE process and on the same model, batch and data:
   its first step (the compilation) is reported as ``compile_seconds``, not in the step time;
 - **expert_twin** (``--control``): a second, identical expert loop; its ratio to the expert
   (``control_vs_expert``, ``control_paired``) is what the table gives for no difference at all;
-- **hotloop**: ``auto_strategy`` (timed separately, reported as ``tune_seconds``), then the
+- **hotloop**: ``auto_strategy`` (timed separately, reported as ``tune_seconds``; ``--strategy K=V,...``:
+  that Strategy instead, untuned, after the process settings the tuner makes), then the
   Trainer's step (``build_step``) fed by the Trainer's feeder (prefetch, workers), reading the
   loss every ``sync_every`` steps; the strategy's process-wide flags (threads, ...) are set
   for hotloop's blocks only.
@@ -67,6 +68,7 @@ import torch  # noqa: E402
 
 import hotloop  # noqa: E402,F401 - declares the registry names
 from hotloop.engine import Strategy, build_step  # noqa: E402
+from hotloop.engine.process_settings import apply_process_settings  # noqa: E402
 from hotloop.problems.base import open_reader  # noqa: E402
 from hotloop.tools.hardware import detect_hardware, gemm_peak, machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
@@ -195,17 +197,23 @@ def _last_block(losses: list[float], block: int) -> float:
 def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_seconds: float,
                 log: Any, *, precision: str = "auto", compile: bool = False,
                 overrides: str | None = None, size: str = "small", control: bool = False,
-                compile_tune_seconds: float | None = None) -> dict[str, Any]:
-    """One zoo row: every contender on ``name``'s model, interleaved blocks, medians."""
+                compile_tune_seconds: float | None = None, fixed: Strategy | None = None) -> dict[str, Any]:
+    """One zoo row: every contender on ``name``'s model, interleaved blocks, medians (hotloop under
+    ``fixed`` when given, else under ``auto_strategy``)."""
     problem, hparams, zoo_overrides = SIZES[size][name]
     overrides = ",".join(o for o in (zoo_overrides, overrides) if o) or None
     run = build_run(problem, MODEL_OF.get(name, name), hparams, overrides, device=device)
     first = next(iter(run.problem.reader("train", run.hp)))
     started = time.perf_counter()
-    strategy = auto_strategy(copy.deepcopy(run.model), run.problem, run.hp, device, planned=10_000,
-                             log=lambda line: log(f"    tune: {line}"), max_seconds=tune_seconds, cache=False,
-                             **({} if compile_tune_seconds is None else {"compile_max_seconds": compile_tune_seconds}),
-                             allow_reduced_precision=precision != "fp32")
+    if fixed is not None:
+        apply_process_settings()          # the process settings the tuner would have made
+        strategy = fixed.validate(device)
+    else:
+        strategy = auto_strategy(copy.deepcopy(run.model), run.problem, run.hp, device, planned=10_000,
+                                 log=lambda line: log(f"    tune: {line}"), max_seconds=tune_seconds, cache=False,
+                                 **({} if compile_tune_seconds is None else
+                                    {"compile_max_seconds": compile_tune_seconds}),
+                                 allow_reduced_precision=precision != "fp32")
     tuned_s = time.perf_counter() - started
     log(f"  auto: {strategy} ({tuned_s:.1f} s)")
 
@@ -310,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="small: the CPU configurations; full: published sizes and real input shapes")
     parser.add_argument("--smoke", action="store_true", help="smallest batch of each model, 1 block of 2 "
                         "steps: checks the script, measures nothing")
+    parser.add_argument("--strategy", default=None, metavar="K=V,...",
+                        help="time hotloop under this Strategy (Strategy() with these fields) instead of auto")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)
@@ -336,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         row = bench_model(name, rounds, block, device, tune_s, lambda line: print(line, flush=True),
                           precision=args.precision, compile=args.compile and name in compiled,
                           overrides=smoke, size=args.size, control=args.control,
-                          compile_tune_seconds=args.compile_tune_seconds)
+                          compile_tune_seconds=args.compile_tune_seconds,
+                          fixed=Strategy.parse(args.strategy) if args.strategy else None)
         rows.append(row)
         print(f"  batch {row['batch']} x {row['input_size']}: plain {row['plain_samples_per_s']:.2f}/s, "
               f"expert {row['expert_samples_per_s']:.2f}/s, hotloop {row['hotloop_samples_per_s']:.2f}/s -> "
@@ -357,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(
                 {"cpu": hw.describe(), "amx": amx, "device": str(device), "machine": machine,
                  "precision": args.precision, "cpu_flags": cpu_flags(hw), "smoke": args.smoke, "size": args.size,
-                 "rounds": rounds, "block": block, "tune_cap_s": tune_s,
+                 "rounds": rounds, "block": block, "tune_cap_s": tune_s, "fixed_strategy": args.strategy,
                  "compile_tune_cap_s": args.compile_tune_seconds, "rows": rows,
                  "geomean_speedup": top["geomean_vs_naive"], **top}, indent=2) + "\n")
     print()

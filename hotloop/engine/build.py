@@ -22,6 +22,7 @@ from ..param_groups import param_groups
 from ..problems.base import Batch
 from .activation_ckpt import set_activation_checkpointing
 from .backends import Backend, EagerBackend
+from .conv_formulations import use_conv_formulations
 from .dropout_masks import use_dropout_masks
 from .precision import Precision
 from .precision_notices import precision_notices
@@ -172,6 +173,7 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     strategy.validate(device)
     validate_for_model(strategy, model)
     report = (_use_formulation(model, strategy) + use_dropout_masks(model, strategy.dropout_masks)
+              + use_conv_formulations(model, strategy.dilated_conv_wgrad, strategy.pointwise_conv)
               + _checkpoint_blocks(model, strategy))
     notices = precision_notices(strategy.precision, device, model)
     if strategy.channels_last:

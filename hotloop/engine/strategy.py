@@ -21,7 +21,8 @@ import torch
 
 from ..errors import StrategyError
 from ..hparams import HParamsError, apply_overrides, parse_overrides, typed_value
-from ..models.formulation import ENGINE_FIELDS, FORMULATION_FIELDS, Formulation, FormulationError
+from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
+from .conv_formulations import dilated_conv_sites, pointwise_conv_sites
 from .dropout_masks import has_dropout
 
 __all__ = ["Strategy", "StrategyError", "validate_for_model"]
@@ -70,6 +71,8 @@ class Strategy:
     ce_gemm_dtype: str = "fp32"         # fused_ce GEMM operands "fp32" | "bf16" (changes rounding)
     dropout_masks: str = "bernoulli"    # "bernoulli" | "bits16" (other random draws, same rate)
     roi_align_impl: str = "gather"      # "gather" | "separable" (two batched GEMMs; fp32 reordering)
+    dilated_conv_wgrad: str = "aten"    # "aten" | "taps" (per-tap GEMMs; fp32 reordering)
+    pointwise_conv: str = "aten"        # "aten" | "gemm" (small 1x1 conv calls; fp32 reordering)
     clip_via_lr: bool = False           # plain SGD: clip by scaling the step's lr (changes rounding)
 
     @property
@@ -230,17 +233,26 @@ def _typed(key: str, value: Any, typ: Any) -> Any:
 
 def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
     """Reject settings that do not apply to ``model`` (sparse gradients, channels_last without convs,
-    formulation fields the model does not read; ``dropout_masks`` is read by every model with an
-    ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`)."""
+    formulation fields the model does not read; the engine fields are read by every model with a
+    site for them: ``dropout_masks`` by an ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`,
+    ``dilated_conv_wgrad`` and ``pointwise_conv`` by a dilated and a 1x1 ``nn.Conv2d``,
+    :mod:`hotloop.engine.conv_formulations`)."""
     reads = set(getattr(model, "formulation_fields", ()))
+    needs = {"dropout_masks": "an nn.Dropout with p > 0",
+             "dilated_conv_wgrad": "a dilated nn.Conv2d (stride 1, one group)",
+             "pointwise_conv": "an unpadded 1x1 nn.Conv2d (stride 1, one group)"}
     if has_dropout(model):
-        reads |= set(ENGINE_FIELDS)
+        reads.add("dropout_masks")
+    if dilated_conv_sites(model):
+        reads.add("dilated_conv_wgrad")
+    if pointwise_conv_sites(model):
+        reads.add("pointwise_conv")
     foreign = sorted(set(strategy.formulation.changed()) - reads)
     if foreign:
+        hints = "".join(f"; {field} needs {needs[field]}" for field in foreign if field in needs)
         raise StrategyError(f"strategy {', '.join(foreign)}: {type(model).__name__} does not read "
                             f"{'this formulation field' if len(foreign) == 1 else 'these formulation fields'}"
-                            f" (it reads {sorted(reads) or 'none'}"
-                            f"{'; dropout_masks needs an nn.Dropout with p > 0' if 'dropout_masks' in foreign else ''})")
+                            f" (it reads {sorted(reads) or 'none'}{hints})")
     from ..optim import sparse_gradient_modules
     sparse = sparse_gradient_modules(model)
     if sparse and strategy.fused_optimizer:

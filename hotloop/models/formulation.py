@@ -3,7 +3,8 @@
 A paper reports a model's hparams (sizes, dropout rate, learning rate, clipping
 norm). How the same function is evaluated (which LSTM kernel, whether the output
 projection and cross-entropy are chunked, the operand dtype of their GEMMs, how
-dropout masks are drawn, how RoIAlign pools) is a speed choice: it belongs to the Strategy, where
+dropout masks are drawn, how RoIAlign pools, how a dilated convolution's weight gradient is
+summed, whether a 1x1 convolution is a GEMM) is a speed choice: it belongs to the Strategy, where
 ``--strategy auto`` times it on the machine at hand and the parity guard checks
 it. :class:`Formulation` is the typed view of those Strategy fields that a model
 reads; the plain fp32 formulation is its default.
@@ -19,13 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
+from ..ops.dilated_conv import DILATED_CONV_WGRADS
 from ..ops.dropout import DROPOUT_MASKS
+from ..ops.pointwise_conv import POINTWISE_CONVS
 from ..ops.roi_align import ROI_ALIGN_FORMULATIONS
 from .lstm_cells import LSTM_IMPLS
 
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
            "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING", "ENGINE_FIELDS", "RANDOM_STREAM_FIELDS",
-           "BITS16_OPTION", "FUSED_CE_OPTIONS"]
+           "BITS16_OPTION", "FUSED_CE_OPTIONS", "TAPS_OPTION",
+           "POINTWISE_GEMM_OPTION"]
 
 #: accepted values of the string fields
 GEMM_DTYPES = ("fp32", "bf16")
@@ -35,6 +39,8 @@ FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
     "ce_gemm_dtype": GEMM_DTYPES,
     "dropout_masks": tuple(DROPOUT_MASKS),
     "roi_align_impl": ROI_ALIGN_FORMULATIONS,
+    "dilated_conv_wgrad": DILATED_CONV_WGRADS,
+    "pointwise_conv": POINTWISE_CONVS,
 }
 
 #: how an option changes the numbers: "fp32" (other fp32 rounding), "bf16" (bf16 GEMM
@@ -42,8 +48,9 @@ FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
 ROUNDING = ("fp32", "bf16", "random_stream")
 
 #: fields the engine applies to any model besides the models that read them (``dropout_masks``:
-#: every ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`)
-ENGINE_FIELDS = ("dropout_masks",)
+#: every ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`; ``dilated_conv_wgrad`` and
+#: ``pointwise_conv``: dilated and 1x1 ``nn.Conv2d``, :mod:`hotloop.engine.conv_formulations`)
+ENGINE_FIELDS = ("dropout_masks", "dilated_conv_wgrad", "pointwise_conv")
 #: fields whose other values draw other random numbers (same distribution)
 RANDOM_STREAM_FIELDS = ("dropout_masks",)
 
@@ -63,6 +70,8 @@ class Formulation:
     ce_gemm_dtype: str = "fp32"       # operand dtype of the fused_ce GEMMs (changes rounding)
     dropout_masks: str = "bernoulli"  # "bernoulli" (F.dropout) | "bits16" (other random draws)
     roi_align_impl: str = "gather"    # RoIAlign: "gather" (4 neighbours per sample) | "separable" (GEMMs)
+    dilated_conv_wgrad: str = "aten"  # dilated convs' weight gradient: "aten" | "taps" (per-tap GEMMs)
+    pointwise_conv: str = "aten"      # 1x1 convs: "aten" | "gemm" (one GEMM for small calls)
 
     def check(self) -> "Formulation":
         """Raise :class:`FormulationError` for an unknown value or combination; return self."""
@@ -122,3 +131,12 @@ FUSED_CE_OPTIONS = (
     FormulationOption("fused_ce bf16", {"fused_ce": True, "ce_gemm_dtype": "bf16"},
                       "fused output+CE with bf16 GEMM operands (fp32 softmax sums and gradients)",
                       rounding="bf16", needs_fast_bf16=True, expected_gain=0.5))
+
+#: the weight gradient of dilated convolutions from per-tap GEMMs over the positions inside the map
+#: (:mod:`hotloop.ops.dilated_conv`), and small 1x1 convolution calls as one GEMM
+#: (:mod:`hotloop.ops.pointwise_conv`): offered by the engine for models with such ``nn.Conv2d``
+TAPS_OPTION = FormulationOption("dilated_conv_wgrad=taps", {"dilated_conv_wgrad": "taps"},
+                                "dilated convs' weight gradient as one GEMM per tap over the valid positions",
+                                expected_gain=0.05)
+POINTWISE_GEMM_OPTION = FormulationOption("pointwise_conv=gemm", {"pointwise_conv": "gemm"},
+                                          "small 1x1 conv calls as one GEMM", expected_gain=0.05)

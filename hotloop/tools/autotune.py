@@ -40,6 +40,7 @@ from torch import nn
 
 from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.process_settings import apply_process_settings
+from ..engine.conv_formulations import conv_formulation_options
 from ..engine.dropout_masks import with_dropout_option
 from ..engine.compiled_networks import network_types
 from ..engine.program import model_phases
@@ -103,9 +104,10 @@ def _record_compiles(key: dict, trials: Sequence[Trial]) -> None:
 
 
 def _formulation_options(model: nn.Module) -> list[FormulationOption]:
-    """The model's own options, and bits16 dropout masks for its nn.Dropout modules (engine/dropout_masks.py)."""
+    """The model's own options, bits16 dropout masks for its nn.Dropout modules (engine/dropout_masks.py)
+    and the formulations of its dilated and 1x1 nn.Conv2d (engine/conv_formulations.py)."""
     options = getattr(model, "formulation_options", None)
-    return with_dropout_option(list(options()) if callable(options) else [], model)
+    return with_dropout_option(list(options()) if callable(options) else [], model) + conv_formulation_options(model)
 
 
 def _clip_foldable(hp: HParams, device: torch.device) -> bool:

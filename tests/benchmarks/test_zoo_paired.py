@@ -61,3 +61,18 @@ def test_round_orders_balance_positions_and_neighbours(n: int) -> None:
     follows = Counter((row[i], row[i + 1]) for row in rows for i in range(n - 1))
     assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1   # after every other alike
     assert rows[0] != rows[1]
+
+
+def test_a_fixed_strategy_is_timed_untuned(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    import zoo
+    from hotloop.engine import Strategy
+
+    def no_tuning(*args, **kwargs):
+        raise AssertionError("--strategy must not tune")
+    monkeypatch.setattr(zoo, "auto_strategy", no_tuning)
+    fixed = Strategy.parse("fused_kernel=True,pointwise_conv=gemm,prefetch=0")
+    row = zoo.bench_model("yolov3", 1, 1, torch.device("cpu"), 0.0, lambda line: None, precision="fp32",
+                          overrides=zoo.SMOKE_DEFAULT, fixed=fixed)
+    assert row["strategy"] == {"fused_kernel": True, "pointwise_conv": "gemm", "prefetch": 0}
+    assert row["settings"]["hotloop"]["prefetch"] == 0 and row["steps_each"] == 2
