@@ -20,9 +20,9 @@ import dataclasses
 
 from torch import Tensor, nn
 
-from ..models.formulation import POINTWISE_GEMM_OPTION, TAPS_OPTION, FormulationOption
-from ..ops.dilated_conv import check_dilated_conv_wgrad, dilated_conv2d
-from ..ops.pointwise_conv import check_pointwise_conv, pointwise_conv2d
+from ..models.formulation import POINTWISE_GEMM_OPTION, TAPS_OPTION, Formulation, FormulationOption
+from ..ops.dilated_conv import dilated_conv2d
+from ..ops.pointwise_conv import pointwise_conv2d
 
 __all__ = ["FormulatedConv2d", "use_conv_formulations", "dilated_conv_sites", "pointwise_conv_sites",
            "conv_formulation_options"]
@@ -63,9 +63,8 @@ def _modules(count: int) -> str:
 
 def use_conv_formulations(model: nn.Module, wgrad: str = "aten", pointwise: str = "aten") -> list[str]:
     """Give ``model``'s dilated convolutions the weight gradient ``wgrad`` and its 1x1 ones the
-    formulation ``pointwise``; the step's report lines."""
-    check_dilated_conv_wgrad(wgrad)
-    check_pointwise_conv(pointwise)
+    formulation ``pointwise``; the step's report lines (an unknown value: ``FormulationError``)."""
+    Formulation(dilated_conv_wgrad=wgrad, pointwise_conv=pointwise).check()
     report = []
     for sites, field, value in ((dilated_conv_sites(model), "wgrad", wgrad),
                                 (pointwise_conv_sites(model), "pointwise", pointwise)):

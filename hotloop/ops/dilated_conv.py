@@ -24,25 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import UserError
-
-__all__ = ["DILATED_CONV_WGRADS", "TAPS_MAX_FRACTION", "DilatedConvError", "check_dilated_conv_wgrad",
-           "dilated_conv2d", "tap_weight_grad", "valid_fraction"]
+__all__ = ["DILATED_CONV_WGRADS", "TAPS_MAX_FRACTION", "dilated_conv2d", "tap_weight_grad", "valid_fraction"]
 
 #: ``Strategy.dilated_conv_wgrad`` values: aten's weight gradient, or one GEMM per kernel tap
 DILATED_CONV_WGRADS = ("aten", "taps")
 #: the taps path runs where the valid positions are at most this share of the dense ones
 TAPS_MAX_FRACTION = 0.5
-
-
-class DilatedConvError(UserError, ValueError):
-    """An unknown ``dilated_conv_wgrad`` value."""
-
-
-def check_dilated_conv_wgrad(wgrad: str) -> None:
-    """Raise :class:`DilatedConvError` unless ``wgrad`` is one of :data:`DILATED_CONV_WGRADS`."""
-    if wgrad not in DILATED_CONV_WGRADS:
-        raise DilatedConvError(f"dilated_conv_wgrad={wgrad!r}; choose one of {list(DILATED_CONV_WGRADS)}")
 
 
 def _tap_ranges(size: int, out: int, kernel: int, dilation: int, padding: int) -> list[tuple[int, int, int]]:
@@ -99,7 +86,6 @@ class _TapWgradConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         x, weight = ctx.saved_tensors
-        grad_out = grad_out.to(x.dtype)
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and \
             ctx.needs_input_grad[2]
         grad_x = grad_b = grad_w = None

@@ -16,25 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import UserError
-
-__all__ = ["POINTWISE_CONVS", "POINTWISE_GEMM_MAX_MACS", "PointwiseConvError", "check_pointwise_conv",
-           "pointwise_conv2d"]
+__all__ = ["POINTWISE_CONVS", "POINTWISE_GEMM_MAX_MACS", "pointwise_conv2d"]
 
 #: ``Strategy.pointwise_conv`` values: aten's convolution, or one GEMM for small calls
 POINTWISE_CONVS = ("aten", "gemm")
 #: multiply-adds (N * H * W * C * O) up to which a 1x1 convolution runs as one GEMM
 POINTWISE_GEMM_MAX_MACS = 1 << 22
-
-
-class PointwiseConvError(UserError, ValueError):
-    """An unknown ``pointwise_conv`` value."""
-
-
-def check_pointwise_conv(mode: str) -> None:
-    """Raise :class:`PointwiseConvError` unless ``mode`` is one of :data:`POINTWISE_CONVS`."""
-    if mode not in POINTWISE_CONVS:
-        raise PointwiseConvError(f"pointwise_conv={mode!r}; choose one of {list(POINTWISE_CONVS)}")
 
 
 def pointwise_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, mode: str = "aten") -> Tensor:

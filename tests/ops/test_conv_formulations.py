@@ -13,8 +13,9 @@ from hotloop.engine.conv_formulations import FormulatedConv2d, conv_formulation_
 from hotloop.engine.strategy import Strategy, StrategyError, validate_for_model
 from hotloop.hparams import HParams
 from hotloop.models.base import LossOutput
-from hotloop.ops.dilated_conv import DilatedConvError, dilated_conv2d, valid_fraction
-from hotloop.ops.pointwise_conv import POINTWISE_GEMM_MAX_MACS, PointwiseConvError, pointwise_conv2d
+from hotloop.models.formulation import FormulationError
+from hotloop.ops.dilated_conv import dilated_conv2d, valid_fraction
+from hotloop.ops.pointwise_conv import POINTWISE_GEMM_MAX_MACS, pointwise_conv2d
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -150,9 +151,9 @@ def test_engine_turns_only_the_eligible_convs_and_back() -> None:
     assert list(model.state_dict()) == keys and [id(p) for p in model.parameters()] == params
     assert type(copy.deepcopy(model).atrous) is FormulatedConv2d
     assert use_conv_formulations(model) == [] and type(model.atrous) is type(model.pointwise) is nn.Conv2d
-    with pytest.raises(DilatedConvError, match="choose one of"):
+    with pytest.raises(FormulationError, match="choose one of"):
         use_conv_formulations(model, "fast")
-    with pytest.raises(PointwiseConvError, match="choose one of"):
+    with pytest.raises(FormulationError, match="choose one of"):
         use_conv_formulations(model, "aten", "fast")
     assert [o.changes for o in conv_formulation_options(model)] == [{"dilated_conv_wgrad": "taps"},
                                                                     {"pointwise_conv": "gemm"}]
@@ -167,34 +168,34 @@ def test_strategy_refuses_the_fields_for_a_model_without_such_convs() -> None:
         validate_for_model(Strategy(pointwise_conv="gemm"), nn.Sequential(nn.Conv2d(3, 3, 3)))
 
 
+def _train(model: nn.Module, strategy: Strategy, steps: int, seed: int) -> tuple[list[float], list[torch.Tensor]]:
+    """``steps`` SGD steps of ``build_step``'s step on a copy of ``model``: the losses and the final parameters."""
+    torch.manual_seed(seed)
+    batches = [{"x": torch.randn(4, 3, 8, 8), "y": torch.randint(0, 2, (4,))} for _ in range(steps)]
+    m = copy.deepcopy(model)
+    built = build_step(m, HParams(optimizer="sgd", learning_rate=0.1, max_grad_norm=0.0), strategy, loss_fn=_loss)
+    forms = (strategy.dilated_conv_wgrad, strategy.pointwise_conv) != ("aten", "aten")
+    assert (type(m.atrous) is type(m.pointwise) is FormulatedConv2d) == forms
+    return [float(built.step([b]).loss) for b in batches], [p.detach().clone() for p in m.parameters()]
+
+
+FORMULATED = Strategy(dilated_conv_wgrad="taps", pointwise_conv="gemm")
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_built_steps_train_alike_with_either_formulation(channels_last: bool) -> None:
     torch.manual_seed(3)
     model = Atrous()
-    batches = [{"x": torch.randn(4, 3, 8, 8), "y": torch.randint(0, 2, (4,))} for _ in range(3)]
-    hp = HParams(optimizer="sgd", learning_rate=0.1, max_grad_norm=0.0)
-    results = {}
-    for form in ("aten", "taps"):
-        m = copy.deepcopy(model)
-        strategy = Strategy(dilated_conv_wgrad=form, pointwise_conv="gemm" if form == "taps" else "aten",
-                            channels_last=channels_last)
-        built = build_step(m, hp, strategy, loss_fn=_loss)
-        assert (type(m.atrous) is type(m.pointwise) is FormulatedConv2d) == (form == "taps")
-        losses = [float(built.step([b]).loss) for b in batches]
-        results[form] = (losses, [p.detach().clone() for p in m.parameters()])
-    torch.testing.assert_close(results["taps"][0], results["aten"][0], rtol=1e-5, atol=1e-6)
-    for a, b in zip(results["taps"][1], results["aten"][1]):
+    aten = _train(model, Strategy(channels_last=channels_last), 3, seed=3)
+    taps = _train(model, FORMULATED.replace(channels_last=channels_last), 3, seed=3)
+    torch.testing.assert_close(taps[0], aten[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(taps[1], aten[1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_the_captured_graph_backend_runs_the_formulations_as_eager_does() -> None:
     torch.manual_seed(5)
     model = Atrous()
-    batches = [{"x": torch.randn(4, 3, 8, 8), "y": torch.randint(0, 2, (4,))} for _ in range(2)]
-    hp = HParams(optimizer="sgd", learning_rate=0.1, max_grad_norm=0.0)
-    losses = {}
-    for backend in ("eager", "graph"):
-        built = build_step(copy.deepcopy(model), hp, Strategy(dilated_conv_wgrad="taps", pointwise_conv="gemm",
-                                                              backend=backend), loss_fn=_loss)
-        losses[backend] = [float(built.step([b]).loss) for b in batches]
-    torch.testing.assert_close(losses["graph"], losses["eager"], rtol=1e-6, atol=1e-7)
+    eager = _train(model, FORMULATED, 2, seed=5)[0]
+    graph = _train(model, FORMULATED.replace(backend="graph"), 2, seed=5)[0]
+    torch.testing.assert_close(graph, eager, rtol=1e-6, atol=1e-7)
