@@ -8,7 +8,7 @@ from typing import Any
 from hotloop.tools.hardware import HardwareInfo
 from hotloop.tools.significance import compare_paired
 
-__all__ = ["cpu_flags", "paired_speedup", "geomean", "verdicts", "print_table", "round_order"]
+__all__ = ["cpu_flags", "paired_speedup", "geomean", "verdicts", "print_table", "round_order", "ratio_text"]
 
 
 def round_order(n: int, r: int) -> list[int]:
@@ -54,6 +54,11 @@ def paired_speedup(reference: list[float], contender: list[float]) -> dict[str, 
 
 def geomean(values: list[float]) -> float:
     return math.exp(statistics.mean(math.log(v) for v in values))
+
+
+def ratio_text(paired: dict[str, Any]) -> str:
+    """A paired ratio and its verdict, e.g. ``1.058x (faster)``; ``unpaired`` with too few rounds."""
+    return "unpaired" if paired["paired"] is None else f"{paired['paired']:.3f}x ({paired['verdict']})"
 
 
 def _interval(paired: dict[str, Any]) -> str:

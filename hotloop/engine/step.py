@@ -23,6 +23,7 @@ from ..problems.base import Batch
 from .backends import Backend, EagerBackend
 from .clipping import clip_grad_norm, clip_via_lr, clip_via_lr_unavailable
 from .precision import Precision
+from .storage_order import in_storage_order
 from .step_parts import (ACCUM_WEIGHT, LossFn, Phase, PhaseHook, StepResult, detach_state, no_phase,
                          training_loss_fn, weighted_loss_fn)
 
@@ -155,14 +156,16 @@ class TrainStep:
         """Clip ``params``' gradients (unscaled first), step ``optimizer`` and release the
         gradients; returns the pre-clip norm when clipping."""
         if self.clip_via_lr:
-            grad_norm = clip_via_lr(optimizer, list(params), self.max_grad_norm)
+            with in_storage_order(optimizer):
+                grad_norm = clip_via_lr(optimizer, list(params), self.max_grad_norm)
             optimizer.zero_grad(set_to_none=True)
             return grad_norm
         grad_norm = None
         if self.max_grad_norm > 0:
             self.precision.unscale(optimizer)
             grad_norm = clip_grad_norm(list(params), self.max_grad_norm)
-        self.precision.step(optimizer)
+        with in_storage_order(optimizer):       # a fused update of channels_last weights, uncopied
+            self.precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         return grad_norm
 

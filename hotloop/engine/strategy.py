@@ -73,6 +73,7 @@ class Strategy:
     roi_align_impl: str = "gather"      # "gather" | "separable" (two batched GEMMs; fp32 reordering)
     dilated_conv_wgrad: str = "aten"    # "aten" | "taps" (per-tap GEMMs; fp32 reordering)
     pointwise_conv: str = "aten"        # "aten" | "gemm" (small 1x1 conv calls; fp32 reordering)
+    se_backward: str = "aten"           # "aten" | "fused" (squeeze-excitation backward; the same numbers)
     clip_via_lr: bool = False           # plain SGD: clip by scaling the step's lr (changes rounding)
 
     @property

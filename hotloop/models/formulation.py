@@ -4,9 +4,9 @@ A paper reports a model's hparams (sizes, dropout rate, learning rate, clipping
 norm). How the same function is evaluated (which LSTM kernel, whether the output
 projection and cross-entropy are chunked, the operand dtype of their GEMMs, how
 dropout masks are drawn, how RoIAlign pools, how a dilated convolution's weight gradient is
-summed, whether a 1x1 convolution is a GEMM) is a speed choice: it belongs to the Strategy, where
-``--strategy auto`` times it on the machine at hand and the parity guard checks
-it. :class:`Formulation` is the typed view of those Strategy fields that a model
+summed, whether a 1x1 convolution is a GEMM, how a squeeze-excitation gate's backward runs) is a
+speed choice: it belongs to the Strategy, where ``--strategy auto`` times it on the machine at hand
+and the parity guard checks it. :class:`Formulation` is the typed view of those Strategy fields that a model
 reads; the plain fp32 formulation is its default.
 
 A model names the fields it reads (``SequenceModel.formulation_fields``) and the
@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import UserError
 from ..ops.dilated_conv import DILATED_CONV_WGRADS
 from ..ops.dropout import DROPOUT_MASKS
 from ..ops.pointwise_conv import POINTWISE_CONVS
 from ..ops.roi_align import ROI_ALIGN_FORMULATIONS
+from ..ops.squeeze_excite import SE_BACKWARDS
 from .lstm_cells import LSTM_IMPLS
 
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
            "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING", "ENGINE_FIELDS", "RANDOM_STREAM_FIELDS",
            "BITS16_OPTION", "FUSED_CE_OPTIONS", "TAPS_OPTION",
-           "POINTWISE_GEMM_OPTION"]
+           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION"]
 
 #: accepted values of the string fields
 GEMM_DTYPES = ("fp32", "bf16")
@@ -41,6 +42,7 @@ FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
     "roi_align_impl": ROI_ALIGN_FORMULATIONS,
     "dilated_conv_wgrad": DILATED_CONV_WGRADS,
     "pointwise_conv": POINTWISE_CONVS,
+    "se_backward": SE_BACKWARDS,
 }
 
 #: how an option changes the numbers: "fp32" (other fp32 rounding), "bf16" (bf16 GEMM
@@ -72,6 +74,7 @@ class Formulation:
     roi_align_impl: str = "gather"    # RoIAlign: "gather" (4 neighbours per sample) | "separable" (GEMMs)
     dilated_conv_wgrad: str = "aten"  # dilated convs' weight gradient: "aten" | "taps" (per-tap GEMMs)
     pointwise_conv: str = "aten"      # 1x1 convs: "aten" | "gemm" (one GEMM for small calls)
+    se_backward: str = "aten"         # squeeze-excitation gate's backward: "aten" | "fused" (fewer map passes)
 
     def check(self) -> "Formulation":
         """Raise :class:`FormulationError` for an unknown value or combination; return self."""
@@ -113,6 +116,8 @@ class FormulationOption:
     rounding: str = "fp32"            # one of ROUNDING
     needs_fast_bf16: bool = False     # proposed only where bf16 GEMMs are faster than fp32
     expected_gain: float = 0.1        # prior used only to order the trials
+    #: Strategy settings the option is timed with: the layout its kernels are written for
+    timed_with: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 #: every dropout mask from 16-bit draws: another random stream, the same drop rate (the parity
@@ -139,4 +144,12 @@ TAPS_OPTION = FormulationOption("dilated_conv_wgrad=taps", {"dilated_conv_wgrad"
                                 "dilated convs' weight gradient as one GEMM per tap over the valid positions",
                                 expected_gain=0.05)
 POINTWISE_GEMM_OPTION = FormulationOption("pointwise_conv=gemm", {"pointwise_conv": "gemm"},
-                                          "small 1x1 conv calls as one GEMM", expected_gain=0.05)
+                                          "small 1x1 conv calls as one GEMM over channels-last maps",
+                                          expected_gain=0.05, timed_with={"channels_last": True})
+
+#: the squeeze-excitation gate's backward with fewer passes over map-sized tensors, the same numbers
+#: (:mod:`hotloop.ops.squeeze_excite`): offered by models with squeeze-excitation gates (SE-ResNeXt)
+SE_FUSED_OPTION = FormulationOption("se_backward=fused", {"se_backward": "fused"},
+                                    "squeeze-excitation backward: g*s written once, the mean's gradient "
+                                    "added in place",
+                                    expected_gain=0.05)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hparams import HParamsError
+from ..ops.squeeze_excite import squeeze_excite
 
 __all__ = ["conv_bn", "SqueezeExcitation", "Bottleneck", "ResNetBackbone", "init_resnet",
            "count_parameters"]
@@ -32,18 +33,19 @@ def conv_bn(in_ch: int, out_ch: int, kernel: int, *, stride: int = 1, dilation: 
 
 
 class SqueezeExcitation(nn.Module):
-    """Channel gate: global average pool -> FC(C/r) -> ReLU -> FC(C) -> sigmoid, times the input."""
+    """Channel gate: global average pool -> FC(C/r) -> ReLU -> FC(C) -> sigmoid, times the input.
+    ``se_backward`` (the formulation field, set by the model) chooses how its backward runs
+    (:mod:`hotloop.ops.squeeze_excite`)."""
 
     def __init__(self, channels: int, reduction: int) -> None:
         super().__init__()
         hidden = max(1, channels // reduction)
         self.reduce = nn.Conv2d(channels, hidden, 1)   # 1x1 convs act as the two FC layers
         self.expand = nn.Conv2d(hidden, channels, 1)
+        self.se_backward = "aten"
 
-    def forward(self, x: Tensor) -> Tensor:
-        s = x.mean(dim=(2, 3), keepdim=True)                       # [B, C, 1, 1]
-        s = torch.sigmoid(self.expand(torch.relu(self.reduce(s))))  # [B, C, 1, 1]
-        return x * s
+    def forward(self, x: Tensor) -> Tensor:            # [B, C, H, W] -> [B, C, H, W]
+        return squeeze_excite(x, self.reduce, self.expand, self.se_backward)
 
 
 class Bottleneck(nn.Module):

@@ -21,7 +21,8 @@ from ..problems.base import Batch, ProblemSpec
 from ..problems.synthetic_images import SyntheticImageHParams
 from ..registry import hparams_sets, models
 from .base import SequenceModel
-from .resnet import ResNetBackbone, init_resnet
+from .formulation import SE_FUSED_OPTION, Formulation, FormulationOption
+from .resnet import ResNetBackbone, SqueezeExcitation, init_resnet
 
 __all__ = ["SEResNeXt", "SEResNeXtHParams", "se_resnext50_imagenet", "se_resnext_small"]
 
@@ -43,6 +44,7 @@ class SEResNeXt(SequenceModel):
     """inputs float [B, C, H, W] -> logits [B, 1, num_classes]."""
 
     tasks = ("classify",)
+    formulation_fields = ("se_backward",)
 
     def __init__(self, hp: SEResNeXtHParams, spec: ProblemSpec) -> None:
         super().__init__(hp, spec)
@@ -59,6 +61,17 @@ class SEResNeXt(SequenceModel):
         self.dropout = nn.Dropout(hp.dropout)
         self.top = nn.Linear(self.body.out_channels[-1], spec.target_vocab_size)
         init_resnet(self.body, zero_init_residual=hp.zero_init_residual)
+
+    def use_formulation(self, formulation: Formulation) -> None:
+        """Also hand ``se_backward`` to every squeeze-excitation gate."""
+        super().use_formulation(formulation)
+        for module in self.modules():
+            if isinstance(module, SqueezeExcitation):
+                module.se_backward = formulation.se_backward
+
+    def formulation_options(self) -> list[FormulationOption]:
+        """The squeeze-excitation backward of fewer map passes, where there are gates."""
+        return [SE_FUSED_OPTION] if self.hp.se_reduction > 0 else []
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         features = self.body(batch["inputs"])[-1]           # [B, C_last, h, w]

@@ -59,6 +59,7 @@ from .proposals import Proposal, ReaderFacts, baseline_strategy, propose, reduce
 from .feed_trial import FEED_STEPS, confirm_feeding, worth_timing
 from .reader_trial import confirm_workers
 from .ranking import judging_order
+from .rescue import keeps_rescue, without_failed_parts
 from .significance import Comparison, compare_paired
 from .stages import run_in_stages
 from .tolerances import THREADS_TOL, parity_tolerance
@@ -342,7 +343,8 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         planned_run_s = planned_steps * eager_s if planned_steps else planned_seconds
         compile_costs = next_compile_prices(key, facts.compiled_ops)
         proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(model),
-                            planned_seconds=planned_run_s, compile_costs=compile_costs, load=load, formulations=_formulation_options(model),
+                            planned_seconds=planned_run_s, compile_costs=compile_costs, load=load,
+                            formulations=_formulation_options(model),
                             clip_foldable=_clip_foldable(hp, device),
                             allow_reduced_precision=allow_reduced_precision)
         extra = [p for p in extra_proposals if allow_reduced_precision or not reduced_precision(p.apply(baseline_s))]
@@ -357,6 +359,11 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         if skipped:
             log(f"autotune: budget {budget.seconds:.1f}s: skipped {skipped}")
         winner = _choose(trials, baseline, runner, min_gain) if baseline.measured else baseline
+        rescue = without_failed_parts(trials, winner, baseline, min_gain) if baseline.measured else None
+        if rescue is not None:     # a failed combination less its failing parts (tools/rescue.py)
+            trials += runner.run_candidates([rescue], baseline, max_trial_steps, budget, reserve_steps=2 * PARITY_STEPS)
+            if _choose([rescue], baseline, runner, min_gain) is rescue and keeps_rescue(rescue, winner, baseline):
+                winner = rescue
         _record_compiles(key, trials)
         pipeline = [p for p in proposals if not p.timed]
         strategy = winner.strategy

@@ -147,7 +147,8 @@ def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
 
     An option with bf16 GEMM operands is proposed only where bf16 matmuls run in hardware
     (``hw.fast_bf16``); an option whose changes another proposed option contains is left
-    out (the larger one is timed instead); an option that
+    out (the larger one is timed instead); an option is timed with the settings it names in
+    ``timed_with`` (the 1x1 GEMM in ``channels_last``, the layout it is faster in); an option that
     changes the random stream (bits16 dropout masks) is proposed with the tag ``random_stream``:
     the parity guard judges it by its random-stream rule (:mod:`hotloop.engine.parity`).
     ``allow_reduced_precision=False`` leaves out the bf16 options before that, so their fp32
@@ -158,8 +159,8 @@ def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
     kept = [o for o in fitting if not any(
         other is not o and other.changes.items() > o.changes.items() for other in fitting)]
     tags = {"bf16": ("lossy",), "random_stream": ("random_stream",)}
-    out = [Proposal(o.label, dict(o.changes), f"formulation: {o.why}", expected_gain=o.expected_gain,
-                    tags=tags.get(o.rounding, ())) for o in kept]
+    out = [Proposal(o.label, {**o.timed_with, **o.changes}, f"formulation: {o.why}",
+                    expected_gain=o.expected_gain, tags=tags.get(o.rounding, ())) for o in kept]
     if clip_foldable:
         out.append(Proposal("clip_via_lr", {"clip_via_lr": True},
                             "plain SGD with clipping -> clip factor folded into the learning rate "

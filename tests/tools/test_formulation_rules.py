@@ -12,7 +12,7 @@ import torch
 
 from hotloop.engine.parity import FORMULATION_TOL, default_tolerance
 from hotloop.engine.strategy import Strategy, StrategyError, validate_for_model
-from hotloop.models.formulation import Formulation, FormulationOption
+from hotloop.models.formulation import POINTWISE_GEMM_OPTION, TAPS_OPTION, Formulation, FormulationOption
 from hotloop.models.lstm_lm import WIDE_HIDDEN, LSTMLM, lstm_lm_small
 from hotloop.problems.base import ProblemSpec
 from hotloop.tools.hardware import HardwareInfo
@@ -51,6 +51,13 @@ def test_random_stream_options_are_proposed_tagged_and_the_clip_fold_is_one_flag
     assert proposal.changes == {"dropout_masks": "bits16"} and proposal.tags == ("random_stream",)
     [clip] = formulation_proposals([], AVX2, clip_foldable=True)
     assert clip.changes == {"clip_via_lr": True}
+
+
+def test_an_option_is_timed_in_the_layout_it_names() -> None:
+    [gemm] = formulation_proposals([POINTWISE_GEMM_OPTION], AVX2)
+    assert gemm.changes == {"channels_last": True, "pointwise_conv": "gemm"}
+    [taps] = formulation_proposals([TAPS_OPTION], AVX2)
+    assert taps.changes == {"dilated_conv_wgrad": "taps"}
 
 
 def test_strategy_checks_formulations_and_refuses_fields_a_model_does_not_read() -> None:

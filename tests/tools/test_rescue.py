@@ -1,0 +1,68 @@
+"""tools/rescue.py: a combination that failed parity is timed again without the parts that failed
+parity alone, and replaces the narrower winner unless it measured slower."""
+from __future__ import annotations
+
+import random
+
+from hotloop.tools.proposals import baseline_strategy
+from hotloop.tools.rescue import keeps_rescue, without_failed_parts
+from hotloop.tools.trials import Trial
+
+BASE = baseline_strategy()
+FUSED = {"fused_optimizer": True, "fused_kernel": True}
+
+
+def _trial(label: str, parity: str = "", seconds: float = 1.0, **changes: object) -> Trial:
+    rng = random.Random(label)
+    trial = Trial(label, BASE.replace(**changes), "test", parity=parity)
+    trial.step_times = [seconds * (1 + 0.01 * rng.random()) for _ in range(8)]
+    trial.step_rounds = list(range(8))
+    return trial
+
+
+def _deeplab_like() -> tuple[Trial, list[Trial]]:
+    """DeepLabV3+'s fp32 tune: the 1x1 GEMM fails parity alone and in the combination."""
+    baseline = _trial("eager", "reference", 1.0)
+    layout = _trial("channels_last", "ok", 0.89, channels_last=True)
+    fused = _trial("fused_optimizer", "REJECTED (loss rel diff 1.1e-03 > tol 1e-04)", 1.0, **FUSED)   # not faster
+    taps = _trial("dilated_conv_wgrad=taps", "not judged", 0.98, dilated_conv_wgrad="taps")
+    gemm = _trial("pointwise_conv=gemm", "ok (..); REJECTED by check_parity (..)", 0.90,
+                  channels_last=True, pointwise_conv="gemm")
+    combined = _trial("all faster", "ok (..); REJECTED by check_parity (..)", 0.82, channels_last=True,
+                      dilated_conv_wgrad="taps", pointwise_conv="gemm", **FUSED)
+    return baseline, [layout, fused, taps, gemm, combined]
+
+
+def test_the_failed_combination_is_proposed_without_its_failing_part() -> None:
+    baseline, trials = _deeplab_like()
+    rescue = without_failed_parts(trials, trials[0], baseline, 0.02)
+    assert rescue is not None and rescue.label == "all faster - pointwise_conv=gemm"
+    assert rescue.strategy.changes_from(BASE) == {"channels_last": True, "dilated_conv_wgrad": "taps", **FUSED}
+
+
+def test_nothing_is_proposed_without_a_part_rejected_alone_or_when_it_was_timed() -> None:
+    baseline, trials = _deeplab_like()
+    trials[3].parity = "not judged"                       # nothing says which part fails
+    assert without_failed_parts(trials, trials[0], baseline, 0.02) is None
+    baseline, trials = _deeplab_like()
+    timed = _trial("timed", "ok", 0.85, channels_last=True, dilated_conv_wgrad="taps", **FUSED)
+    assert without_failed_parts(trials + [timed], trials[0], baseline, 0.02) is None
+    trials[-1].parity = "check_parity ok"                 # the combination passed: nothing to rescue
+    assert without_failed_parts(trials, trials[-1], baseline, 0.02) is None
+
+
+def test_the_rescue_must_hold_every_setting_of_the_winner() -> None:
+    baseline, trials = _deeplab_like()
+    winner = _trial("threads=1", "ok", 0.95, intra_op_threads=1)
+    assert without_failed_parts(trials + [winner], winner, baseline, 0.02) is None
+    assert without_failed_parts(trials, baseline, baseline, 0.02) is not None   # eager won: anything faster may
+
+
+def test_the_rescue_replaces_the_winner_unless_it_measured_slower() -> None:
+    baseline, trials = _deeplab_like()
+    rescue = without_failed_parts(trials, trials[0], baseline, 0.02)
+    assert rescue is not None
+    rescue.step_times, rescue.step_rounds = [0.84 * t for t in baseline.step_times], list(range(8))
+    assert keeps_rescue(rescue, trials[0], baseline)
+    rescue.step_times = [1.2 * t for t in baseline.step_times]
+    assert not keeps_rescue(rescue, trials[0], baseline)
