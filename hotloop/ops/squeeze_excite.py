@@ -89,7 +89,5 @@ def squeeze_excite(x: Tensor, reduce: nn.Module, expand: nn.Module, se_backward:
     if not linked:
         return x * _excite(x.mean(dim=(2, 3), keepdim=True), reduce, expand)
     link = _Link()
-    gate = _excite(_Pool.apply(x, link), reduce, expand)
-    if not gate.requires_grad:          # nothing carries the pool's backward: the plain formula
-        return x * gate
+    gate = _excite(_Pool.apply(x, link), reduce, expand)    # requires grad: x does
     return _Gate.apply(x, gate, link)

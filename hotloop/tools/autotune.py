@@ -58,9 +58,9 @@ from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
 from .proposals import Proposal, ReaderFacts, baseline_strategy, propose, reduced_precision
 from .feed_trial import FEED_STEPS, confirm_feeding, worth_timing
 from .reader_trial import confirm_workers
-from .ranking import judging_order
+from .ranking import against, is_switch, judging_order
 from .rescue import keeps_rescue, without_failed_parts
-from .significance import Comparison, compare_paired
+from .significance import Comparison
 from .stages import run_in_stages
 from .tolerances import THREADS_TOL, parity_tolerance
 from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
@@ -222,10 +222,10 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
     for t in trials:
         if not t.measured or t is baseline:
             continue
-        comparison = compare_paired(t.step_times, t.step_rounds, baseline.step_times, baseline.step_rounds)
+        comparison = against(t, baseline)
         t.comparison = comparison.describe()
         tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
-        if len(t.step_times) >= MIN_STEPS and comparison.faster(min_gain):
+        if is_switch(t, comparison, min_gain):
             faster.append((comparison, t))
             t.parity = "not judged: one judged before it passed"
         elif changes_random_stream(t.strategy):

@@ -22,10 +22,21 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..engine.strategy import Strategy
-from .significance import Comparison, significantly_slower
-from .trials import Trial
+from .significance import Comparison, compare_paired, significantly_slower
+from .trials import MIN_MEASURED, Trial
 
-__all__ = ["holds", "judging_order"]
+__all__ = ["against", "is_switch", "holds", "judging_order"]
+
+
+def against(trial: Trial, reference: Trial) -> Comparison:
+    """``trial``'s steps paired round by round with ``reference``'s (eager's)."""
+    return compare_paired(trial.step_times, trial.step_rounds, reference.step_times, reference.step_rounds)
+
+
+def is_switch(trial: Trial, comparison: Comparison, min_gain: float) -> bool:
+    """Does judging weigh ``trial``: enough measured steps, and faster than eager by ``min_gain``
+    with 90% confidence (``comparison``: :func:`against` eager)?"""
+    return len(trial.step_times) >= MIN_MEASURED and comparison.faster(min_gain)
 
 
 def holds(wider: Trial, narrower: Trial, base: Strategy) -> bool:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .ranking import holds
-from .significance import compare_paired, significantly_slower
+from .ranking import against, holds, is_switch
+from .significance import significantly_slower
 from .stages import ALL_FASTER, ALL_NOT_SLOWER
-from .trials import MIN_MEASURED, Trial
+from .trials import Trial
 
 __all__ = ["without_failed_parts", "keeps_rescue"]
 
@@ -27,12 +27,6 @@ _COMBINED = (ALL_NOT_SLOWER, ALL_FASTER)
 
 def _rejected(trial: Trial) -> bool:
     return "REJECTED" in trial.parity
-
-
-def _judged(trial: Trial, baseline: Trial, min_gain: float) -> bool:
-    """Was ``trial`` weighed by judging (faster than eager, as :func:`autotune._choose` asks)?"""
-    comparison = compare_paired(trial.step_times, trial.step_rounds, baseline.step_times, baseline.step_rounds)
-    return len(trial.step_times) >= MIN_MEASURED and comparison.faster(min_gain)
 
 
 def without_failed_parts(trials: Sequence[Trial], winner: Trial, baseline: Trial,
@@ -46,11 +40,8 @@ def without_failed_parts(trials: Sequence[Trial], winner: Trial, baseline: Trial
     for combined in (t for label in _COMBINED for t in trials if t.label == label and _rejected(t)):
         changes = combined.strategy.changes_from(base).items()
         parts = [t for t in singles if t.strategy.changes_from(base).items() <= changes]
-        failed = [t for t in parts if _rejected(t) and _judged(t, baseline, min_gain)]
-        kept: dict = {}
-        for part in parts:
-            if part not in failed:
-                kept.update(part.strategy.changes_from(base))
+        failed = [t for t in parts if _rejected(t) and is_switch(t, against(t, baseline), min_gain)]
+        kept = {k: v for t in parts if t not in failed for k, v in t.strategy.changes_from(base).items()}
         if not failed or not kept:
             continue
         rescue = Trial(f"{combined.label} - {' - '.join(t.label for t in failed)}", base.replace(**kept),
@@ -64,6 +55,4 @@ def keeps_rescue(rescue: Trial, winner: Trial, baseline: Trial) -> bool:
     """Does the judged ``rescue`` replace ``winner``? (It passed judging; module doc for the rule.)"""
     if winner is baseline:
         return True
-    ratio = {t.label: compare_paired(t.step_times, t.step_rounds, baseline.step_times, baseline.step_rounds)
-             for t in (rescue, winner)}
-    return not significantly_slower(ratio[rescue.label], ratio[winner.label])
+    return not significantly_slower(against(rescue, baseline), against(winner, baseline))

@@ -24,7 +24,8 @@ from typing import Sequence
 
 from ..engine.strategy import Strategy
 from .proposals import Proposal, combine
-from .significance import Comparison, compare_paired
+from .ranking import against
+from .significance import Comparison
 from .trials import Budget, Trial, TrialRunner
 
 __all__ = ["ALL_FASTER", "ALL_NOT_SLOWER", "stage_one", "stage_two", "faster_labels", "not_slower_labels",
@@ -58,8 +59,7 @@ def stage_two(timed: Sequence[Proposal], faster: Sequence[str], not_slower: Sequ
 
 def _ratios(trials: Sequence[Trial], reference: Trial) -> list[tuple[str, Comparison]]:
     """Each measured trial's label and paired comparison with ``reference``."""
-    return [(t.label, compare_paired(t.step_times, t.step_rounds, reference.step_times, reference.step_rounds))
-            for t in trials if t.measured and t is not reference]
+    return [(t.label, against(t, reference)) for t in trials if t.measured and t is not reference]
 
 
 def faster_labels(trials: Sequence[Trial], reference: Trial) -> list[str]:

@@ -124,6 +124,20 @@ def test_the_step_with_a_fused_update_of_channels_last_weights_matches_the_copyi
     import contextlib
 
     import hotloop.engine.step as step_module
+    from hotloop.engine import storage_order
+    swapped: list[int] = []
+
+    def flat(opt) -> int:
+        return sum(p.dim() == 1 for group in opt.param_groups for p in group["params"])
+
+    @contextlib.contextmanager
+    def counting(opt):                 # the real context, counting the weights it hands over flat
+        before = flat(opt)
+        with storage_order.in_storage_order(opt):
+            swapped.append(flat(opt) - before)
+            yield
+
+    monkeypatch.setattr(step_module, "in_storage_order", counting)
     torch.manual_seed(0)
     model = _ConvNet()
     batches = [{"inputs": torch.randn(2, 3, 6, 6), "targets": torch.randn(2, 4, 6, 6)} for _ in range(3)]
@@ -136,6 +150,7 @@ def test_the_step_with_a_fused_update_of_channels_last_weights_matches_the_copyi
         built = build_step(copy.deepcopy(model).train(), hp, strategy)
         losses = [float(built.step([b]).loss) for b in batches + batches]
         results.append((losses, [p.detach().clone() for p in built.model.parameters()]))
+    assert swapped and all(n == 2 for n in swapped)      # both conv weights went through storage order
     (losses, params), (ref_losses, ref_params) = results
     assert losses == ref_losses
     assert all(torch.equal(a, b) for a, b in zip(params, ref_params))

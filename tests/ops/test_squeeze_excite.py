@@ -72,6 +72,8 @@ def test_se_resnext_steps_bitwise_with_the_fused_backward_and_the_tuner_is_offer
     for se_backward in ("aten", "fused"):
         strategy = Strategy(se_backward=se_backward, channels_last=True).validate(torch.device("cpu"))
         built = build_step(copy.deepcopy(run.model).train(), run.hp, strategy)
+        gates = [m for m in built.model.modules() if isinstance(m, SqueezeExcitation)]
+        assert gates and all(g.se_backward == se_backward for g in gates)     # the strategy reached them
         losses = [float(built.step([b]).loss) for b in batches + batches]
         results.append((losses, [p.detach().clone() for p in built.model.parameters()]))
     assert results[0][0] == results[1][0]

@@ -8,7 +8,7 @@ from torch import nn
 
 from helpers import TinyTagger
 from hotloop.ops import dropout as dropout_ops
-from hotloop.tools import autotune, stages
+from hotloop.tools import autotune, ranking
 from hotloop.tools.significance import Comparison
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,8 +36,7 @@ class DroppingTagger(TinyTagger):
 def every_candidate_faster(monkeypatch):
     """Time is not what these tests judge: every candidate counts as twice as fast as eager, and
     of the rules' proposals only the dropout masks are timed (the others would tie with them)."""
-    monkeypatch.setattr(autotune, "compare_paired", lambda *args: Comparison(0.5, 0.5, 8))
-    monkeypatch.setattr(stages, "compare_paired", lambda *args: Comparison(0.5, 0.5, 8))
+    monkeypatch.setattr(ranking, "compare_paired", lambda *args: Comparison(0.5, 0.5, 8))   # every trial's ratio
     rules = autotune.propose
     monkeypatch.setattr(autotune, "propose",
                         lambda *args, **kwargs: [p for p in rules(*args, **kwargs) if "dropout" in p.label])
