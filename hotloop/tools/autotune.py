@@ -58,12 +58,12 @@ from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
 from .proposals import Proposal, ReaderFacts, baseline_strategy, propose, reduced_precision
 from .feed_trial import FEED_STEPS, confirm_feeding, worth_timing
 from .reader_trial import confirm_workers
-from .ranking import against, is_switch, judging_order
-from .rescue import keeps_rescue, without_failed_parts
+from .ranking import NOT_REACHED, against, is_switch, judging_order
+from .rescue import PartJudge, keeps_rescue, without_failed_parts
 from .significance import Comparison
 from .stages import run_in_stages
 from .tolerances import THREADS_TOL, parity_tolerance
-from .trajectory import CHAOS_FACTOR, chaos_floor, judge_trajectory, worst_rel_diff
+from .trajectory import CHAOS_FACTOR, ChaosFloors, judge_trajectory, worst_rel_diff
 from .trials import MIN_MEASURED as MIN_STEPS, Budget, Trial, TrialRunner
 from .tune_budget import COMPILE_MAX_SECONDS, DEFAULT_BUDGET_FRACTION, DEFAULT_MAX_SECONDS
 from .tune_cache import cache_key, load_choice, save_choice
@@ -199,25 +199,14 @@ def _engine_parity(pristine: nn.Module, hp: HParams, batches: Sequence[Batch], t
     return False, f"REJECTED by check_parity ({result.reason()})"
 
 
-def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain: float
-            ) -> Trial:
+def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain: float,
+            floors: ChaosFloors) -> Trial:
     """The first candidate, in :func:`~hotloop.tools.ranking.judging_order`, that is significantly
     faster than eager (see :mod:`hotloop.tools.significance`) and passes both parity checks; else eager.
 
     Judging goes fastest first (a wider candidate within noise of a faster one before it) and
     stops at the first that passes: a later candidate never costs a chaos floor or a parity check."""
     baseline.parity = "reference"
-    floors: dict[tuple[int, str], float] = {}
-
-    def floor_for(trial: Trial) -> Callable[[int], float]:
-        precision = "bf16" if trial.strategy.formulation.bf16_gemms else trial.strategy.precision
-
-        def floor(steps: int) -> float:      # measured once, and only for a candidate that needs it
-            if (steps, precision) not in floors:
-                floors[steps, precision] = chaos_floor(runner, baseline, steps, precision)
-            return floors[steps, precision]
-        return floor
-
     faster: list[tuple[Comparison, Trial]] = []
     for t in trials:
         if not t.measured or t is baseline:
@@ -227,26 +216,30 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
         tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
         if is_switch(t, comparison, min_gain):
             faster.append((comparison, t))
-            t.parity = "not judged: one judged before it passed"
+            t.parity = NOT_REACHED
         elif changes_random_stream(t.strategy):
             t.parity = "not judged: not faster (other random stream)"
         else:   # not a switch on time: the plain tolerance is reported, no floor is measured
             t.parity = judge_trajectory(t, baseline, tol, None)[1]
     for t in judging_order(faster, baseline.strategy):
-        tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
-        if changes_random_stream(t.strategy):   # other draws: only check_parity's rule can judge it
-            ok, t.parity = True, "trajectory not compared (other random stream)"
-        else:
-            ok, t.parity = judge_trajectory(t, baseline, tol, floor_for(t))
-        if not ok:
-            continue
-        ok, verdict = _engine_parity(runner.pristine, runner.hp, runner.batches, t, runner.device,
-                                     floor_for(t))
-        runner.step_calls += (3 if changes_random_stream(t.strategy) else 2) * PARITY_STEPS
-        t.parity = f"{t.parity}; {verdict}"
-        if ok:
+        if _passes(t, baseline, runner, floors):
             return t
     return baseline
+
+
+def _passes(t: Trial, baseline: Trial, runner: TrialRunner, floors: ChaosFloors) -> bool:
+    """Judge ``t``'s parity with eager: its trial trajectory (within the chaos floor), then check_parity."""
+    tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
+    if changes_random_stream(t.strategy):   # other draws: only check_parity's rule can judge it
+        ok, t.parity = True, "trajectory not compared (other random stream)"
+    else:
+        ok, t.parity = judge_trajectory(t, baseline, tol, floors.for_trial(t))
+    if not ok:
+        return False
+    ok, verdict = _engine_parity(runner.pristine, runner.hp, runner.batches, t, runner.device, floors.for_trial(t))
+    runner.step_calls += (3 if changes_random_stream(t.strategy) else 2) * PARITY_STEPS
+    t.parity = f"{t.parity}; {verdict}"
+    return ok
 
 
 def _skipped(baseline: Trial, first: float, budget: float, hw: HardwareInfo, model: nn.Module,
@@ -358,11 +351,16 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         skipped = [t.label for t in trials if t.status.startswith("skipped")]
         if skipped:
             log(f"autotune: budget {budget.seconds:.1f}s: skipped {skipped}")
-        winner = _choose(trials, baseline, runner, min_gain) if baseline.measured else baseline
-        rescue = without_failed_parts(trials, winner, baseline, min_gain) if baseline.measured else None
+        floors = ChaosFloors(runner, baseline)
+        winner = _choose(trials, baseline, runner, min_gain, floors) if baseline.measured else baseline
+        judge = PartJudge(     # the parts of a failed combination that judging left open (tools/rescue.py)
+            passes=lambda t: _passes(t, baseline, runner, floors),
+            affordable=lambda t: budget.remaining() > 2 * PARITY_STEPS * (t.median + baseline.median))
+        rescue = without_failed_parts(trials, winner, baseline, min_gain, judge) if baseline.measured else None
         if rescue is not None:     # a failed combination less its failing parts (tools/rescue.py)
             trials += runner.run_candidates([rescue], baseline, max_trial_steps, budget, reserve_steps=2 * PARITY_STEPS)
-            if _choose([rescue], baseline, runner, min_gain) is rescue and keeps_rescue(rescue, winner, baseline):
+            if (_choose([rescue], baseline, runner, min_gain, floors) is rescue
+                    and keeps_rescue(rescue, winner, baseline)):
                 winner = rescue
         _record_compiles(key, trials)
         pipeline = [p for p in proposals if not p.timed]

@@ -119,6 +119,11 @@ def _compute_rules(facts: ModelFacts, hw: HardwareInfo, available_backends: tupl
         out.append(Proposal("channels_last", {"channels_last": True},
                             f"{share['conv']:.0%} of FLOPs in 2-D convolutions -> channels_last",
                             expected_gain=0.15))
+        fused = next((p for p in out if p.label == "fused_optimizer"), None)
+        if fused is not None:     # the update's gain alone is within noise; beside the layout it is judged
+            out.append(Proposal("fused_optimizer in channels_last", {**fused.changes, "channels_last": True},
+                                "the one-kernel update timed in the layout it updates (storage order), "
+                                "beside channels_last alone in the same rounds", expected_gain=0.14))
     if share.get("conv", 0.0) >= HEAVY_SHARE:
         if hw.device == "cuda":
             out.append(Proposal("cudnn_benchmark", {"cudnn_benchmark": True},

@@ -25,7 +25,10 @@ from ..engine.strategy import Strategy
 from .significance import Comparison, compare_paired, significantly_slower
 from .trials import MIN_MEASURED, Trial
 
-__all__ = ["against", "is_switch", "holds", "judging_order"]
+__all__ = ["NOT_REACHED", "against", "is_switch", "holds", "judging_order"]
+
+#: the parity text of a switch that judging did not reach (a candidate before it passed)
+NOT_REACHED = "not judged: one judged before it passed"
 
 
 def against(trial: Trial, reference: Trial) -> Comparison:

@@ -43,7 +43,8 @@ import torch
 
 from .trials import Trial, TrialRunner
 
-__all__ = ["CHAOS_PERTURBATION", "CHAOS_FACTOR", "FLOOR_SEEDS", "ROUNDING_DTYPES", "worst_rel_diff", "worst_loss_diff", "chaos_floor", "judge_trajectory"]
+__all__ = ["CHAOS_PERTURBATION", "CHAOS_FACTOR", "FLOOR_SEEDS", "ROUNDING_DTYPES", "worst_rel_diff",
+           "worst_loss_diff", "chaos_floor", "ChaosFloors", "judge_trajectory"]
 
 CHAOS_PERTURBATION = 2.0 ** -22     # relative weight move: about one fp32 ulp (2**-23 is half of one)
 CHAOS_FACTOR = 4.0
@@ -90,6 +91,26 @@ def chaos_floor(runner: TrialRunner, baseline: Trial, steps: int, precision: str
             return 0.0
         deviations.append(deviation)
     return statistics.median(deviations)
+
+
+class ChaosFloors:
+    """The chaos floors of one tune, each measured once and only when a judgement needs it, by the
+    steps compared and the precision whose rounding the candidate brings (bf16 GEMM formulations:
+    bf16)."""
+
+    def __init__(self, runner: TrialRunner, baseline: Trial) -> None:
+        self.runner, self.baseline = runner, baseline
+        self.measured: dict[tuple[int, str], float] = {}
+
+    def for_trial(self, trial: Trial) -> Callable[[int], float]:
+        """``floor(steps)`` for ``trial``'s precision (:func:`judge_trajectory`'s argument)."""
+        precision = "bf16" if trial.strategy.formulation.bf16_gemms else trial.strategy.precision
+
+        def floor(steps: int) -> float:
+            if (steps, precision) not in self.measured:
+                self.measured[steps, precision] = chaos_floor(self.runner, self.baseline, steps, precision)
+            return self.measured[steps, precision]
+        return floor
 
 
 def _moved_deviation(runner: TrialRunner, baseline: Trial, steps: int, precision: str, seed: int) -> float | None:

@@ -12,6 +12,7 @@ from hotloop.tools import autotune
 from hotloop.tools.proposals import baseline_strategy
 from hotloop.tools.ranking import holds, judging_order
 from hotloop.tools.significance import Comparison, compare_paired, significantly_slower
+from hotloop.tools.trajectory import ChaosFloors
 from hotloop.tools.trials import Trial
 
 BASE = baseline_strategy()
@@ -89,7 +90,7 @@ def test_choose_takes_the_combination(monkeypatch):
     monkeypatch.setattr(autotune, "_engine_parity", parity)
     runner = SimpleNamespace(device=torch.device("cpu"), hp=HParams(optimizer="adam"), pristine=None,
                              batches=[], step_calls=0)
-    chosen = autotune._choose([eager, alone, wide], eager, runner, min_gain=0.02)
+    chosen = autotune._choose([eager, alone, wide], eager, runner, 0.02, ChaosFloors(runner, eager))
     assert chosen is wide and judged == ["all faster"]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 from hotloop.tools.proposals import baseline_strategy
-from hotloop.tools.rescue import keeps_rescue, without_failed_parts
+from hotloop.tools.ranking import NOT_REACHED
+from hotloop.tools.rescue import PartJudge, keeps_rescue, without_failed_parts
 from hotloop.tools.trials import Trial
 
 BASE = baseline_strategy()
@@ -49,6 +50,69 @@ def test_nothing_is_proposed_without_a_part_rejected_alone_or_when_it_was_timed(
     assert without_failed_parts(trials + [timed], trials[0], baseline, 0.02) is None
     trials[-1].parity = "check_parity ok"                 # the combination passed: nothing to rescue
     assert without_failed_parts(trials, trials[-1], baseline, 0.02) is None
+
+
+def _mask_rcnn_like() -> tuple[Trial, list[Trial]]:
+    """Mask R-CNN's fp32 tune: the 1x1 GEMM (in channels_last) ties with eager alone, its trajectory fails
+    the plain tolerance, and the combination with it fails check_parity; RoIAlign as GEMMs won alone."""
+    baseline = _trial("eager", "reference", 1.0)
+    roi = _trial("roi_align separable", "ok", 0.53, roi_align_impl="separable")
+    fused = _trial("fused_optimizer", "ok (rel 1.2e-07 <= 1e-04, 12 steps)", 0.97, **FUSED)
+    gemm = _trial("pointwise_conv=gemm", "REJECTED (loss rel diff 8.68e-02 > tol 1e-05 over 12 steps)", 0.99,
+                  channels_last=True, pointwise_conv="gemm")
+    combined = _trial("all faster", "ok (..); REJECTED by check_parity (..)", 0.54, channels_last=True,
+                      roi_align_impl="separable", pointwise_conv="gemm", **FUSED)
+    return baseline, [roi, fused, gemm, combined]
+
+
+def test_a_part_that_tied_fails_only_when_judging_it_in_full_rejects_it() -> None:
+    baseline, trials = _mask_rcnn_like()
+    winner = trials[0]
+    assert without_failed_parts(trials, winner, baseline, 0.02) is None     # judged by the plain tolerance only
+    judged: list[str] = []
+
+    def passes(trial: Trial) -> bool:
+        judged.append(trial.label)
+        return trial.label != "pointwise_conv=gemm"
+    rescue = without_failed_parts(trials, winner, baseline, 0.02, PartJudge(passes, affordable=lambda trial: True))
+    assert rescue is not None and rescue.label == "all faster - pointwise_conv=gemm"
+    assert rescue.strategy.changes_from(BASE) == {"roi_align_impl": "separable", **FUSED}
+    assert judged == ["pointwise_conv=gemm"]                # only a part judging left open is judged again
+    baseline, trials = _deeplab_like()                      # a rejected tie that passes in full stays in
+    rescue = without_failed_parts(trials, trials[0], baseline, 0.02,
+                                  PartJudge(lambda trial: trial.label != "pointwise_conv=gemm", lambda trial: True))
+    assert rescue is not None and rescue.strategy.changes_from(BASE)["fused_kernel"] is True
+
+
+def test_each_part_is_judged_once_whatever_the_combinations_it_is_in() -> None:
+    baseline, trials = _mask_rcnn_like()
+    ties = _trial("all not slower", trials[-1].parity, 0.55, **trials[-1].strategy.changes_from(BASE))
+    judged: list[str] = []
+
+    def passes(trial: Trial) -> bool:
+        judged.append(trial.label)
+        return True
+    assert without_failed_parts(trials + [ties], trials[0], baseline, 0.02, PartJudge(passes, lambda t: True)) is None
+    assert judged == ["pointwise_conv=gemm"]
+
+
+def test_a_faster_part_judging_did_not_reach_is_judged_when_the_budget_affords_it() -> None:
+    """DeepLabV3+'s fp32 tune where the fused update in channels_last passed first: the 1x1 GEMM was
+    never judged alone, so only judging it now says it is the part that fails."""
+    baseline, trials = _deeplab_like()
+    trials[3].parity = NOT_REACHED
+    trials[2].parity = "ok (rel 1e-05 <= 1e-04, 12 steps)"
+    judged: list[str] = []
+
+    def passes(trial: Trial) -> bool:
+        judged.append(trial.label)
+        return trial.label != "pointwise_conv=gemm"
+    assert without_failed_parts(trials, trials[0], baseline, 0.02, PartJudge(passes=passes)) is None   # unaffordable
+    assert judged == []
+    rescue = without_failed_parts(trials, trials[0], baseline, 0.02,
+                                  PartJudge(passes=passes, affordable=lambda trial: True))
+    assert rescue is not None and rescue.label == "all faster - pointwise_conv=gemm"
+    assert judged == ["fused_optimizer", "pointwise_conv=gemm"]    # the layout and the taps passed judging
 
 
 def test_the_rescue_must_hold_every_setting_of_the_winner() -> None:

@@ -129,3 +129,21 @@ def test_the_sign_patterns_differ_by_seed():
     _perturb(a, "fp32", 0)
     _perturb(b, "fp32", 1)
     assert not torch.equal(a.weight, b.weight)
+
+
+def test_each_chaos_floor_is_measured_once_per_steps_and_precision(monkeypatch):
+    from hotloop.tools import trajectory
+    measured: list[tuple[int, str]] = []
+
+    def floor(runner, baseline, steps, precision="fp32"):
+        measured.append((steps, precision))
+        return 1e-3 * steps
+    monkeypatch.setattr(trajectory, "chaos_floor", floor)
+    floors = trajectory.ChaosFloors(runner=None, baseline=BASE)
+    fp32, bf16 = Trial("a", Strategy(precision="fp32"), "t"), Trial("b", Strategy(precision="bf16"), "t")
+    bf16_gemms = Trial("c", Strategy(precision="fp32", ce_gemm_dtype="bf16", fused_ce=True), "t")
+    assert floors.for_trial(fp32)(12) == pytest.approx(1.2e-2) and floors.for_trial(fp32)(12) == pytest.approx(1.2e-2)
+    floors.for_trial(fp32)(3)
+    floors.for_trial(bf16)(12)
+    floors.for_trial(bf16_gemms)(12)         # bf16 GEMM operands: the bf16 floor, measured already
+    assert measured == [(12, "fp32"), (3, "fp32"), (12, "bf16")]
