@@ -213,13 +213,13 @@ def _choose(trials: list[Trial], baseline: Trial, runner: TrialRunner, min_gain:
             continue
         comparison = against(t, baseline)
         t.comparison = comparison.describe()
-        tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
         if is_switch(t, comparison, min_gain):
             faster.append((comparison, t))
             t.parity = NOT_REACHED
         elif changes_random_stream(t.strategy):
             t.parity = "not judged: not faster (other random stream)"
         else:   # not a switch on time: the plain tolerance is reported, no floor is measured
+            tol = parity_tolerance(t.strategy, baseline.strategy, runner.device, runner.hp.optimizer)
             t.parity = judge_trajectory(t, baseline, tol, None)[1]
     for t in judging_order(faster, baseline.strategy):
         if _passes(t, baseline, runner, floors):
