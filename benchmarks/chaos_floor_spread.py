@@ -2,7 +2,7 @@
 
 For windows of 3 consecutive training batches of ``cyclegan_small`` (the zoo's data), from the
 same weights and random stream: eager fp32 (the reference), eager from weights moved by one ulp
-under several sign patterns (``hotloop.tools.trajectory._perturb``), and ``backend=inductor`` with
+under several sign patterns (``hotloop.tools.trajectory.perturb_weights``), and ``backend=inductor`` with
 the fused update (the candidate the tuner times). Prints and writes (``--json``) each pattern's
 worst relative loss deviation, the median (the floor the tuner uses, over
 ``trajectory.FLOOR_SEEDS``) and the candidate's deviation. Correctness only: no timing.
@@ -25,7 +25,7 @@ from hotloop.compose.build import build_run
 from hotloop.engine import Strategy
 from hotloop.engine.parity import STREAM_SEEDS, ParityCase, run_steps
 from hotloop.tools.hardware import detect_hardware, machine_header
-from hotloop.tools.trajectory import FLOOR_SEEDS, _perturb, worst_rel_diff
+from hotloop.tools.trajectory import FLOOR_SEEDS, perturb_weights, worst_rel_diff
 
 STEPS = 3
 CANDIDATE = Strategy(backend="inductor", fused_optimizer=True, fused_kernel=True)
@@ -45,7 +45,7 @@ def main() -> None:
         model = copy.deepcopy(run.model).train()
         torch.manual_seed(STREAM_SEEDS[0])
         if seed is not None:
-            _perturb(model, "fp32", seed)
+            perturb_weights(model, "fp32", seed)
         case = ParityCase(model, run.hp, batches[window * STEPS:(window + 1) * STEPS])
         return run_steps(case, strategy, STEPS)[0]
 

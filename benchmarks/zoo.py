@@ -13,8 +13,11 @@ For each model, in ONE process and on the same model, batch and data:
   4 reader worker processes through pinned memory (on a CPU, from the training thread);
 - **expert_compiled** (``--compile``): the expert loop with ``torch.compile`` of the loss function;
   its first step (the compilation) is reported as ``compile_seconds``, not in the step time;
-- **expert_twin** (``--control``): a second, identical expert loop; its ratio to the expert
-  (``control_vs_expert``, ``control_paired``) is what the table gives for no difference at all;
+- **expert_twin** (``--control``): a second expert loop, its starting weights moved by about one
+  fp32 ulp (:func:`hotloop.tools.trajectory.perturb_weights`); its time ratio to the expert
+  (``control_vs_expert``, ``control_paired``) is what the table gives for no difference at all, and
+  its last-block loss's relative difference from the expert's (``control_loss_rel_diff``) is what
+  rounding alone moves the loss by over the run (the chaos floor at this length);
 - **hotloop**: ``auto_strategy`` (timed separately, reported as ``tune_seconds``; ``--strategy K=V,...``:
   that Strategy instead, untuned, after the process settings the tuner makes), then the
   Trainer's step (``build_step``) fed by the Trainer's feeder (prefetch, workers), reading the
@@ -73,6 +76,7 @@ from hotloop.problems.base import open_reader  # noqa: E402
 from hotloop.tools.hardware import detect_hardware, gemm_peak, machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
 from hotloop.tools.model_facts import analyze_model  # noqa: E402
+from hotloop.tools.trajectory import perturb_weights  # noqa: E402
 from hotloop.compose.build import build_run  # noqa: E402
 from hotloop.data import to_device  # noqa: E402
 from hotloop.train.feeding import DataFeeder  # noqa: E402
@@ -236,9 +240,10 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
     with preserved_process_state():
         with applied_strategy(strategy, device):
             loops["hotloop"] = fast = HotloopLoop(copy.deepcopy(run.model), run, strategy, device)
-        if control:       # an A/A pair: the same loop twice, timed like any contender
-            loops["expert_twin"] = ExpertLoop(copy.deepcopy(run.model), run.hp, feed(**expert_feed), device,
-                                              settings)
+        if control:       # an A/A pair: the expert again, from weights moved by one ulp, timed like any contender
+            twin = copy.deepcopy(run.model)
+            perturb_weights(twin, "fp32")
+            loops["expert_twin"] = ExpertLoop(twin, run.hp, feed(**expert_feed), device, settings)
         flags = {"hotloop": lambda: applied_strategy(strategy, device)}
         times = {key: [] for key in loops}
         keys = list(loops)
@@ -284,7 +289,8 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         "steps_each": (rounds + 1) * block}
     if control:
         row.update(control_vs_expert=sec["expert"] / sec["expert_twin"],
-                   control_paired=paired_speedup(times["expert"], times["expert_twin"]))
+                   control_paired=paired_speedup(times["expert"], times["expert_twin"]),
+                   control_loss_rel_diff=abs(loss["expert_twin"] - loss["expert"]) / max(abs(loss["expert"]), 1e-12))
     if compile:
         compiled = loops["expert_compiled"]
         row["settings"]["expert_compiled"] = {**compiled.settings.to_dict(), "optimizer": compiled.optimizer_kinds}

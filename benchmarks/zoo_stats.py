@@ -90,5 +90,6 @@ def print_table(rows: list[dict[str, Any]], compiled: bool) -> None:
         if compiled:
             line += f" {r['speedup_vs_expert_compiled']:8.2f}x" if has else f" {'-':>9s}"
         losses = f"{r['plain_loss']:.4f} / {r['expert_loss']:.4f} / {r['hotloop_loss']:.4f}"
-        control = f"  control {_interval(r['control_paired'])}" if "control_paired" in r else ""
+        control = (f"  control {_interval(r['control_paired'])}, loss moved {r['control_loss_rel_diff']:.1%}"
+                   if "control_paired" in r else "")
         print(line + f" {_interval(r['vs_expert_paired']):>24s}  {losses}{control}")

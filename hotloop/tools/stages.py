@@ -15,12 +15,20 @@ on a slow step both may not fit, and its gain over ``all faster`` is within nois
 A proposal that measured slower alone (with 90% confidence) never enters a combination, so one
 slow setting (a thread count, a layout the model does not like) cannot hide the gain of the others.
 
+Between the stages, a proposal that tied with eager alone (its 80% interval of the paired ratio
+holds 1) gets more rounds (:func:`extend_ties`), a chunk at a time, until its interval leaves 1
+or it has ``TIE_ROUNDS_FACTOR`` times the trial's steps; only with budget left over once stage
+two is priced in full (:func:`stage_two_price`), so the extra rounds never crowd out a compile.
+Whether a tie's ratio lands below 1 decides whether it enters ``all faster`` (and the backends
+on top of it): on 10 rounds BERT's fused output projection + CE in fp32, a gain within stage
+one's noise, entered the choice in one zoo run and not in the next.
+
 With one timed proposal there is one stage; with none that compiles nothing, stage one times
 the backends alone and stage two has nothing left to time.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..engine.strategy import Strategy
 from .proposals import Proposal, combine
@@ -28,11 +36,13 @@ from .ranking import against
 from .significance import Comparison
 from .trials import Budget, Trial, TrialRunner
 
-__all__ = ["ALL_FASTER", "ALL_NOT_SLOWER", "stage_one", "stage_two", "faster_labels", "not_slower_labels",
-           "run_in_stages"]
+__all__ = ["ALL_FASTER", "ALL_NOT_SLOWER", "TIE_ROUNDS_FACTOR", "stage_one", "stage_two", "faster_labels",
+           "not_slower_labels", "undecided", "stage_two_price", "extend_ties", "run_in_stages"]
 
 ALL_FASTER = "all faster"
 ALL_NOT_SLOWER = "all not slower"
+#: a tie gets extra rounds until it has this many times the trial's measured steps
+TIE_ROUNDS_FACTOR = 3
 
 
 def stage_one(timed: Sequence[Proposal]) -> list[Proposal]:
@@ -73,6 +83,48 @@ def not_slower_labels(trials: Sequence[Trial], reference: Trial) -> list[str]:
     return [label for label, c in _ratios(trials, reference) if c.lower <= 1.0]
 
 
+def undecided(trials: Sequence[Trial], reference: Trial, cap: int) -> list[Trial]:
+    """The measured trials that compile nothing, tie with ``reference`` (paired, their interval
+    holding 1) and have fewer than ``cap`` measured steps."""
+    out = []
+    for trial in trials:
+        if trial.measured and trial.compile_cost == 0 and len(trial.step_times) < cap and trial is not reference:
+            comparison = against(trial, reference)
+            if comparison.paired and comparison.lower <= 1.0 <= comparison.upper:
+                out.append(trial)
+    return out
+
+
+def stage_two_price(candidates: Sequence[Trial], reference: Trial, warmup: int, steps: int) -> float:
+    """Seconds stage two needs for ``candidates`` in full: each one's warm-up and steps priced at
+    eager's step, its compile cost, and eager's paired steps in each of the (up to three) parts."""
+    if not candidates:
+        return 0.0
+    eager = reference.median
+    parts = len({(t.compile_cost > 0, t.label == ALL_NOT_SLOWER) for t in candidates})
+    return sum((warmup + steps) * eager + t.compile_cost for t in candidates) + parts * steps * eager
+
+
+def extend_ties(runner: TrialRunner, done: Sequence[Trial], reference: Trial, steps: int, budget: Budget,
+                keep_seconds: Callable[[], float], *, reserve_steps: int = 0) -> int:
+    """More interleaved rounds, ``steps // 2`` at a time, for stage one's ties (:func:`undecided`)
+    while ``keep_seconds()`` (what stage two and the parity check need) leaves room for the chunk;
+    returns the extra rounds run."""
+    chunk, extra = max(1, steps // 2), 0
+    while True:
+        ties = undecided(done, reference, TIE_ROUNDS_FACTOR * steps)
+        price = chunk * (sum(t.median for t in ties) + reference.median)
+        spare = budget.remaining() - keep_seconds()
+        if not ties or price > spare:
+            return extra
+        more = max(len(t.step_times) for t in ties) + chunk     # measured steps the longest one ends with
+        before = runner.rounds_started
+        runner.run_candidates(ties, reference, more, Budget(spare, clock=budget.clock), reserve_steps=reserve_steps)
+        if runner.rounds_started == before:          # nothing fitted after all
+            return extra
+        extra += runner.rounds_started - before
+
+
 def run_in_stages(runner: TrialRunner, timed: Sequence[Proposal], reference: Trial, base: Strategy, steps: int,
                   budget: Budget, *, reserve_steps: int = 0) -> list[Trial]:
     """Both stages through ``runner`` under one ``budget``; every trial, stage one's first.
@@ -86,8 +138,15 @@ def run_in_stages(runner: TrialRunner, timed: Sequence[Proposal], reference: Tri
     if len(timed) < 2:
         return done
     seen = {t.strategy for t in done} | {reference.strategy}
-    candidates = stage_two(timed, faster_labels(done, reference), not_slower_labels(done, reference))
-    second = [t for t in trials_of(candidates) if t.strategy not in seen]
+
+    def second_stage() -> list[Trial]:
+        candidates = stage_two(timed, faster_labels(done, reference), not_slower_labels(done, reference))
+        return [t for t in trials_of(candidates) if t.strategy not in seen]
+
+    if reference.measured:
+        extend_ties(runner, done, reference, steps, budget, reserve_steps=reserve_steps,
+                    keep_seconds=lambda: stage_two_price(second_stage(), reference, runner.warmup, steps))
+    second = second_stage()
     # the eager combination is timed to the end before any compile starts: a compile that runs
     # past its price would otherwise take the rounds the combination needs; the ties' combination
     # comes last, in what the compiles leave (its gain over the faster ones is within noise alone)

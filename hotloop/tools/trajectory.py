@@ -44,7 +44,7 @@ import torch
 from .trials import Trial, TrialRunner
 
 __all__ = ["CHAOS_PERTURBATION", "CHAOS_FACTOR", "FLOOR_SEEDS", "ROUNDING_DTYPES", "worst_rel_diff",
-           "worst_loss_diff", "chaos_floor", "ChaosFloors", "judge_trajectory"]
+           "worst_loss_diff", "perturb_weights", "chaos_floor", "ChaosFloors", "judge_trajectory"]
 
 CHAOS_PERTURBATION = 2.0 ** -22     # relative weight move: about one fp32 ulp (2**-23 is half of one)
 CHAOS_FACTOR = 4.0
@@ -67,7 +67,7 @@ def worst_loss_diff(trial: Trial, baseline: Trial) -> tuple[float, int]:
 ROUNDING_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _perturb(model: torch.nn.Module, precision: str, seed: int = 0) -> None:
+def perturb_weights(model: torch.nn.Module, precision: str, seed: int = 0) -> None:
     """Round the weights to ``precision``'s dtype, or (fp32) move each by about one ulp, the
     signs drawn from ``seed``."""
     generator = torch.Generator().manual_seed(seed)
@@ -119,7 +119,7 @@ def _moved_deviation(runner: TrialRunner, baseline: Trial, steps: int, precision
     moved = Trial(f"eager, weights {how}", baseline.strategy, "chaos floor", warmup=0)
     if not runner.prepare(moved):
         return None
-    _perturb(moved.runner.model, precision, seed)
+    perturb_weights(moved.runner.model, precision, seed)
     try:
         for _ in range(steps):
             runner.step(moved)

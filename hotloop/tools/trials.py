@@ -193,7 +193,9 @@ class TrialRunner:
         its step fits the budget after the live candidates' steps up to
         MIN_MEASURED, so comparisons stay interleaved when affordable. The order rotates every round;
         round numbers go on from the previous call's, so a later call's steps pair with its own.
-        Candidates never admitted get ``status`` "skipped: ...".
+        Candidates never admitted get ``status`` "skipped: ...". A candidate that an earlier call
+        measured (its runner still held) goes on from its own model, stream and step count: its
+        steps up to ``warm-up + steps`` are more measured steps.
         """
         target = self.warmup + steps
         queue, live, done = list(pending), [], []
@@ -217,7 +219,8 @@ class TrialRunner:
                                                   + (target - steps + MIN_MEASURED) * est) > budget.remaining():
                     continue
                 queue.remove(cand)
-                (live if self.prepare(cand) else done).append(cand)
+                # a trial measured in an earlier call goes on with its own model and stream
+                (live if cand.runner is not None or self.prepare(cand) else done).append(cand)
             active = [t for t in live if t.status == "ok" and t.steps_run < target]
             done += [t for t in live if t not in active]
             live = active
@@ -247,7 +250,8 @@ class TrialRunner:
             self.round = -1
         self.rounds_started = rounds
         for trial in queue:
-            trial.status = "skipped: does not fit the tuning budget"
+            if trial.runner is None:           # never run (one measured earlier keeps its status)
+                trial.status = "skipped: does not fit the tuning budget"
         for trial in live:
             if len(trial.step_times) < MIN_MEASURED:
                 trial.status = f"incomplete: budget ended after {len(trial.step_times)} measured steps"

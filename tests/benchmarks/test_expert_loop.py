@@ -171,6 +171,10 @@ def test_zoo_smoke_run_writes_every_key(tmp_path, monkeypatch):
     """One zoo model at its smallest batch, fp32: the naive, expert and hotloop columns and the JSON keys."""
     monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
     import zoo
+    moved: list[str] = []
+    real_perturb = zoo.perturb_weights
+    monkeypatch.setattr(zoo, "perturb_weights", lambda model, precision: (moved.append(precision),
+                                                                          real_perturb(model, precision)))
     out = tmp_path / "zoo.json"
     assert zoo.main(["--smoke", "--models", "se_resnext50", "--tune-seconds", "0", "--block", "1",
                      "--precision", "fp32", "--control", "--json", str(out)]) == 0
@@ -191,6 +195,8 @@ def test_zoo_smoke_run_writes_every_key(tmp_path, monkeypatch):
     assert row["settings"]["hotloop"]["precision"] == "fp32"
     assert row["control_vs_expert"] > 0 and row["control_paired"]["verdict"] == "unpaired"   # one round
     assert data["geomean_control"] == row["control_vs_expert"] and "unpaired" in data["verdicts_control"]
+    assert 0 <= row["control_loss_rel_diff"] < 1e-3    # two steps from weights one ulp away
+    assert moved == ["fp32"]                             # the twin, and only the twin, starts one ulp away
 
 
 def test_ladder_expert_rung_is_the_plain_loop_with_the_expert_lines(monkeypatch):

@@ -88,7 +88,8 @@ def test_max_time_caps_the_planned_run(tiny_model, copy_problem, tiny_hp):
     capped = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**6, max_seconds=20, cache=False,
                   planned_seconds=4.0, **QUIET)
     assert capped.budget_seconds == pytest.approx(4.0 * DEFAULT_BUDGET_FRACTION) == pytest.approx(0.16)
-    unbounded = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**6, max_seconds=20, compile_max_seconds=20,
+    # 10^8 steps: 4% of them is past the 20 s cap however fast the tiny model's step
+    unbounded = tune(tiny_model, copy_problem, tiny_hp, "cpu", 10**8, max_seconds=20, compile_max_seconds=20,
                      cache=False, **QUIET)
     assert unbounded.budget_seconds == pytest.approx(20.0)
 

@@ -78,16 +78,16 @@ def test_the_floor_tells_a_smooth_model_from_a_chaotic_one():
 
 
 def test_a_reduced_precision_floor_rounds_the_weights_to_that_dtype():
-    from hotloop.tools.trajectory import _perturb
+    from hotloop.tools.trajectory import perturb_weights
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 64)
     before = [p.detach().clone() for p in model.parameters()]
-    _perturb(model, "bf16")
+    perturb_weights(model, "bf16")
     for old, new in zip(before, model.parameters()):
         assert torch.equal(new, new.to(torch.bfloat16).float())     # representable in bf16
         assert torch.equal(new, old.to(torch.bfloat16).float())     # and the nearest such value
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    _perturb(model, "fp32")                                             # one-ulp moves, not rounding
+    perturb_weights(model, "fp32")                                             # one-ulp moves, not rounding
     assert not torch.equal(model.weight, model.weight.to(torch.bfloat16).float())
 
 
@@ -121,13 +121,13 @@ def test_the_fp32_floor_is_the_median_over_the_sign_patterns(monkeypatch):
 
 
 def test_the_sign_patterns_differ_by_seed():
-    from hotloop.tools.trajectory import _perturb
+    from hotloop.tools.trajectory import perturb_weights
     torch.manual_seed(0)
     a = torch.nn.Linear(32, 32)
     b = torch.nn.Linear(32, 32)
     b.load_state_dict(a.state_dict())
-    _perturb(a, "fp32", 0)
-    _perturb(b, "fp32", 1)
+    perturb_weights(a, "fp32", 0)
+    perturb_weights(b, "fp32", 1)
     assert not torch.equal(a.weight, b.weight)
 
 

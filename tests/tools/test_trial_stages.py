@@ -2,14 +2,17 @@
 (with each compiling backend on top), on proposals from the real rules and simulated step times."""
 from __future__ import annotations
 
+import random
+
 from helpers import FakeClock
 from hotloop.engine.strategy import Strategy
 from hotloop.tools.hardware import HardwareInfo
 from hotloop.tools.model_facts import ModelFacts
 from hotloop.tools.proposals import baseline_strategy, propose
 from hotloop.tools.significance import compare_paired
-from hotloop.tools.stages import (ALL_FASTER, ALL_NOT_SLOWER, faster_labels, not_slower_labels, run_in_stages,
-                                  stage_one, stage_two)
+from hotloop.tools.ranking import against
+from hotloop.tools.stages import (ALL_FASTER, ALL_NOT_SLOWER, TIE_ROUNDS_FACTOR, faster_labels, not_slower_labels,
+                                  run_in_stages, stage_one, stage_two, stage_two_price, undecided)
 from hotloop.tools.trials import Budget, Trial, TrialRunner
 
 TWO_CORES = HardwareInfo("cpu", 2, "test cpu", ())
@@ -78,11 +81,14 @@ def test_not_slower_means_not_slower_with_90_percent_confidence():
 
 class _SimulatedRunner(TrialRunner):
     """Step seconds from the Strategy: 100 ms eager, x0.8 channels_last, x0.95 fused update,
-    x1.4 one thread, x0.7 inductor (its first step ``compile_seconds``, 5 s); a little alternating jitter."""
+    x1.4 one thread, x0.7 inductor (its first step ``compile_seconds``, 5 s); a little alternating jitter,
+    and with ``noise`` a uniform random factor within 1 +- noise (seeded)."""
 
-    def __init__(self, clock: FakeClock, compile_seconds: float = 5.0, fused: float = 0.95) -> None:
+    def __init__(self, clock: FakeClock, compile_seconds: float = 5.0, fused: float = 0.95,
+                 noise: float = 0.0, seed: int = 0) -> None:
         self.clock, self.warmup, self.round, self.step_calls, self.rounds_started = clock, 2, -1, 0, 0
         self.compile_seconds, self.fused = compile_seconds, fused
+        self.noise, self.random = noise, random.Random(seed)
 
     def prepare(self, trial: Trial) -> bool:
         trial.status, trial.runner = "ok", object()
@@ -92,7 +98,7 @@ class _SimulatedRunner(TrialRunner):
         s = trial.strategy
         seconds = 0.1 * (0.8 if s.channels_last else 1) * (self.fused if s.fused_optimizer else 1)
         seconds *= (1.4 if s.intra_op_threads == 1 else 1) * (0.7 if s.backend == "inductor" else 1)
-        seconds *= 1.0 + 0.01 * (self.step_calls % 3)
+        seconds *= (1.0 + 0.01 * (self.step_calls % 3)) * (1.0 + self.noise * self.random.uniform(-1.0, 1.0))
         if s.backend == "inductor" and trial.steps_run == 0:
             seconds = self.compile_seconds
         self.clock.now += seconds
@@ -101,10 +107,11 @@ class _SimulatedRunner(TrialRunner):
         return seconds
 
 
-def _started(compile_seconds: float = 5.0, fused: float = 0.95) -> tuple[FakeClock, _SimulatedRunner, Strategy, Trial]:
+def _started(compile_seconds: float = 5.0, fused: float = 0.95,
+             noise: float = 0.0, seed: int = 0) -> tuple[FakeClock, _SimulatedRunner, Strategy, Trial]:
     """A simulated runner whose eager reference has taken its warm-up step."""
     clock = FakeClock()
-    runner = _SimulatedRunner(clock, compile_seconds, fused)
+    runner = _SimulatedRunner(clock, compile_seconds, fused, noise, seed)
     base = baseline_strategy()
     reference = Trial("eager", base, "reference", warmup=1)
     runner.prepare(reference)
@@ -198,3 +205,50 @@ def test_the_ties_combination_is_timed_after_the_compiles():
     wider, compiled = by_label[ALL_NOT_SLOWER], by_label[f"{ALL_FASTER} + backend=inductor"]
     assert wider.measured and compiled.measured, (wider.status, compiled.status)
     assert min(wider.step_rounds) > max(compiled.step_rounds)
+
+
+def test_a_tie_alone_gets_more_rounds_from_what_stage_two_leaves():
+    """The fused update ties with eager (x1.0). With 400 s, stage two priced in full leaves room:
+    the tie gets rounds up to TIE_ROUNDS_FACTOR x 10 steps, paired with eager, the decided ones none;
+    with 60 s it leaves none and the tie keeps its 10 steps."""
+    clock, runner, base, reference = _started(fused=1.0)
+    timed = [p for p in conv_proposals() if p.label != "backend=graph"]
+    by_label = {t.label: t for t in run_in_stages(runner, timed, reference, base, 10, Budget(400.0, clock=clock),
+                                                  reserve_steps=6)}
+    tie = by_label["fused_optimizer"]
+    first_ten = compare_paired(tie.step_times[:10], tie.step_rounds[:10], reference.step_times, reference.step_rounds)
+    assert len(tie.step_times) == TIE_ROUNDS_FACTOR * 10
+    assert against(tie, reference).pairs == first_ten.pairs + 20                # every extra step paired
+    assert len(by_label["channels_last"].step_times) == len(by_label["threads=1"].step_times) == 10
+    assert all(t.measured for t in by_label.values()), {t.label: t.status for t in by_label.values()}
+    clock, runner, base, reference = _started(fused=1.0)
+    tight = {t.label: t for t in run_in_stages(runner, timed, reference, base, 10, Budget(60.0, clock=clock),
+                                               reserve_steps=6)}
+    assert len(tight["fused_optimizer"].step_times) == 10
+    assert tight[f"{ALL_FASTER} + backend=inductor"].measured      # the compile keeps its rounds
+
+
+def test_more_rounds_settle_a_gain_that_ten_rounds_leave_in_noise():
+    """A 3% faster fused update under +-6% step noise: on its first 10 rounds its interval holds 1 and
+    its ratio is above 1 (it would stay out of ``all faster``); the extra rounds narrow the interval
+    below 1, so it joins the faster settings and their combination."""
+    timed = [p for p in conv_proposals() if p.compile_cost == 0]
+    clock, runner, base, reference = _started(fused=0.97, noise=0.06, seed=0)
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(400.0, clock=clock))
+    fused = next(t for t in trials if t.label == "fused_optimizer")
+    first_ten = compare_paired(fused.step_times[:10], fused.step_rounds[:10], reference.step_times,
+                               reference.step_rounds)
+    assert first_ten.lower <= 1.0 <= first_ten.ratio < first_ten.upper    # on stage one's rounds: a tie, left out
+    assert 10 < len(fused.step_times) < TIE_ROUNDS_FACTOR * 10          # extended until it was decided
+    assert against(fused, reference).upper < 1.0 and "fused_optimizer" in faster_labels(trials, reference)
+    assert next(t for t in trials if t.label == ALL_FASTER).strategy.fused_optimizer
+    assert not undecided(trials, reference, TIE_ROUNDS_FACTOR * 10)
+
+
+def test_stage_two_is_priced_at_eager_steps_plus_compiles_and_eager_rounds_per_part():
+    _, _, base, reference = _started()
+    reference.step_times = [0.1] * 4
+    eager = Trial(ALL_FASTER, base.replace(channels_last=True), "t")
+    compiled = Trial("inductor", base.replace(backend="inductor"), "t", compile_cost=40.0)
+    assert stage_two_price([], reference, 2, 10) == 0.0
+    assert abs(stage_two_price([eager, compiled], reference, 2, 10) - (2 * 12 * 0.1 + 40.0 + 2 * 10 * 0.1)) < 1e-9
