@@ -23,6 +23,7 @@ from ..problems.base import Batch
 from .activation_ckpt import set_activation_checkpointing
 from .backends import Backend, EagerBackend
 from .conv_formulations import use_conv_formulations
+from .norm_formulations import use_instance_norm
 from .dropout_masks import use_dropout_masks
 from .precision import Precision
 from .precision_notices import precision_notices
@@ -174,6 +175,7 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     validate_for_model(strategy, model)
     report = (_use_formulation(model, strategy) + use_dropout_masks(model, strategy.dropout_masks)
               + use_conv_formulations(model, strategy.dilated_conv_wgrad, strategy.pointwise_conv)
+              + use_instance_norm(model, strategy.instance_norm, strategy.channels_last)
               + _checkpoint_blocks(model, strategy))
     notices = precision_notices(strategy.precision, device, model)
     if strategy.channels_last:

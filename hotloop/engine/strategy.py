@@ -23,6 +23,7 @@ from ..errors import StrategyError
 from ..hparams import HParamsError, apply_overrides, parse_overrides, typed_value
 from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
 from .conv_formulations import dilated_conv_sites, pointwise_conv_sites
+from .norm_formulations import instance_norm_sites
 from .dropout_masks import has_dropout
 
 __all__ = ["Strategy", "StrategyError", "validate_for_model"]
@@ -74,6 +75,7 @@ class Strategy:
     dilated_conv_wgrad: str = "aten"    # "aten" | "taps" (per-tap GEMMs; fp32 reordering)
     pointwise_conv: str = "aten"        # "aten" | "gemm" (small 1x1 conv calls; fp32 reordering)
     se_backward: str = "aten"           # "aten" | "fused" (squeeze-excitation backward; the same numbers)
+    instance_norm: str = "aten"         # "aten" | "per_sample" (channels-last instance norms; fp32 reordering)
     clip_via_lr: bool = False           # plain SGD: clip by scaling the step's lr (changes rounding)
 
     @property
@@ -237,17 +239,21 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
     formulation fields the model does not read; the engine fields are read by every model with a
     site for them: ``dropout_masks`` by an ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`,
     ``dilated_conv_wgrad`` and ``pointwise_conv`` by a dilated and a 1x1 ``nn.Conv2d``,
-    :mod:`hotloop.engine.conv_formulations`)."""
+    :mod:`hotloop.engine.conv_formulations`, ``instance_norm`` by a plain ``nn.InstanceNorm2d``,
+    :mod:`hotloop.engine.norm_formulations`)."""
     reads = set(getattr(model, "formulation_fields", ()))
     needs = {"dropout_masks": "an nn.Dropout with p > 0",
              "dilated_conv_wgrad": "a dilated nn.Conv2d (stride 1, one group)",
-             "pointwise_conv": "an unpadded 1x1 nn.Conv2d (stride 1, one group)"}
+             "pointwise_conv": "an unpadded 1x1 nn.Conv2d (stride 1, one group)",
+             "instance_norm": "an nn.InstanceNorm2d without affine parameters or running statistics"}
     if has_dropout(model):
         reads.add("dropout_masks")
     if dilated_conv_sites(model):
         reads.add("dilated_conv_wgrad")
     if pointwise_conv_sites(model):
         reads.add("pointwise_conv")
+    if instance_norm_sites(model):
+        reads.add("instance_norm")
     foreign = sorted(set(strategy.formulation.changed()) - reads)
     if foreign:
         hints = "".join(f"; {field} needs {needs[field]}" for field in foreign if field in needs)

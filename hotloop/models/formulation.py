@@ -4,7 +4,8 @@ A paper reports a model's hparams (sizes, dropout rate, learning rate, clipping
 norm). How the same function is evaluated (which LSTM kernel, whether the output
 projection and cross-entropy are chunked, the operand dtype of their GEMMs, how
 dropout masks are drawn, how RoIAlign pools, how a dilated convolution's weight gradient is
-summed, whether a 1x1 convolution is a GEMM, how a squeeze-excitation gate's backward runs) is a
+summed, whether a 1x1 convolution is a GEMM, how a squeeze-excitation gate's backward runs, how an
+instance norm of a channels-last map is computed) is a
 speed choice: it belongs to the Strategy, where ``--strategy auto`` times it on the machine at hand
 and the parity guard checks it. :class:`Formulation` is the typed view of those Strategy fields that a model
 reads; the plain fp32 formulation is its default.
@@ -22,6 +23,7 @@ from typing import Any, Mapping
 from ..errors import UserError
 from ..ops.dilated_conv import DILATED_CONV_WGRADS
 from ..ops.dropout import DROPOUT_MASKS
+from ..ops.instance_norm import INSTANCE_NORMS
 from ..ops.pointwise_conv import POINTWISE_CONVS
 from ..ops.roi_align import ROI_ALIGN_FORMULATIONS
 from ..ops.squeeze_excite import SE_BACKWARDS
@@ -30,7 +32,7 @@ from .lstm_cells import LSTM_IMPLS
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
            "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING", "ENGINE_FIELDS", "RANDOM_STREAM_FIELDS",
            "BITS16_OPTION", "FUSED_CE_OPTIONS", "TAPS_OPTION",
-           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION"]
+           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION", "INSTANCE_NORM_OPTION"]
 
 #: accepted values of the string fields
 GEMM_DTYPES = ("fp32", "bf16")
@@ -43,6 +45,7 @@ FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
     "dilated_conv_wgrad": DILATED_CONV_WGRADS,
     "pointwise_conv": POINTWISE_CONVS,
     "se_backward": SE_BACKWARDS,
+    "instance_norm": INSTANCE_NORMS,
 }
 
 #: how an option changes the numbers: "fp32" (other fp32 rounding), "bf16" (bf16 GEMM
@@ -51,8 +54,9 @@ ROUNDING = ("fp32", "bf16", "random_stream")
 
 #: fields the engine applies to any model besides the models that read them (``dropout_masks``:
 #: every ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`; ``dilated_conv_wgrad`` and
-#: ``pointwise_conv``: dilated and 1x1 ``nn.Conv2d``, :mod:`hotloop.engine.conv_formulations`)
-ENGINE_FIELDS = ("dropout_masks", "dilated_conv_wgrad", "pointwise_conv")
+#: ``pointwise_conv``: dilated and 1x1 ``nn.Conv2d``, :mod:`hotloop.engine.conv_formulations`;
+#: ``instance_norm``: plain ``nn.InstanceNorm2d``, :mod:`hotloop.engine.norm_formulations`)
+ENGINE_FIELDS = ("dropout_masks", "dilated_conv_wgrad", "pointwise_conv", "instance_norm")
 #: fields whose other values draw other random numbers (same distribution)
 RANDOM_STREAM_FIELDS = ("dropout_masks",)
 
@@ -75,6 +79,7 @@ class Formulation:
     dilated_conv_wgrad: str = "aten"  # dilated convs' weight gradient: "aten" | "taps" (per-tap GEMMs)
     pointwise_conv: str = "aten"      # 1x1 convs: "aten" | "gemm" (one GEMM for small calls)
     se_backward: str = "aten"         # squeeze-excitation gate's backward: "aten" | "fused" (fewer map passes)
+    instance_norm: str = "aten"       # instance norms: "aten" | "per_sample" (channels-last, no layout copies)
 
     def check(self) -> "Formulation":
         """Raise :class:`FormulationError` for an unknown value or combination; return self."""
@@ -153,3 +158,11 @@ SE_FUSED_OPTION = FormulationOption("se_backward=fused", {"se_backward": "fused"
                                     "squeeze-excitation backward: g*s written once, the mean's gradient "
                                     "added in place",
                                     expected_gain=0.05)
+
+
+#: instance norms of channels-last maps as per-sample batch norms, without the copies to NCHW and
+#: back that ``F.instance_norm`` makes (:mod:`hotloop.ops.instance_norm`): offered by the engine for
+#: models with plain ``nn.InstanceNorm2d`` (CycleGAN)
+INSTANCE_NORM_OPTION = FormulationOption("instance_norm=per_sample", {"instance_norm": "per_sample"},
+                                         "instance norms of channels-last maps per sample, no layout copies",
+                                         expected_gain=0.05, timed_with={"channels_last": True})

@@ -32,12 +32,13 @@ GRAPH_BF16_MODELS = ("mlp", "conv_net")
 #: cyclegan, deeplabv3plus and mask_rcnn are checked: update size within 1.011, cosine >= 0.61
 BF16_UNCHECKED = {"yolov3": "objectness summed over all cells"}
 
-#: models whose captured fp32 graph is bitwise eager only where ATen runs its AVX-512 kernels: with
-#: AVX2 (a Zen 3 CPU, or ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2) the captured graph's
-#: reductions split differently and yolov3's first loss moved by 1.9e-6 (8e-8 relative); the
-#: relative tolerance that then applies, with the engine's update check
+#: models whose captured fp32 graph is bitwise eager only on some CPUs: on the AMD EPYC with AVX-512
+#: (Zen 4) it is; with AVX2 (a Zen 3 CPU, or ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2) the
+#: captured graph's reductions split differently and yolov3's first loss moved by 1.9e-6 (8e-8
+#: relative), and on an Intel Xeon with AVX-512 and AMX its second loss moved by 3.8e-6 (1.8e-7
+#: relative); the relative tolerance that applies off the Zen 4 machine, with the engine's update check
 ISA_ROUNDING = {"yolov3": 1e-6}
-AVX512 = "avx512" in cpu_isa().usable
+GRAPH_EXACT_CPU = "avx512" in cpu_isa().usable and "AMD" in cpu_isa().model
 
 #: models whose graph capture is known to fall back, and the reason's key phrase
 KNOWN_FALLBACKS = {"lstm_seq2seq": "mkldnn_rnn_layer",
@@ -63,7 +64,7 @@ def test_every_strategy_matches_eager_fp32(name):
     if name in GRAPH_BF16_MODELS:
         strategies["graph_bf16_passes"] = GRAPH_BF16
     for label, strategy in strategies.items():
-        tol = ISA_ROUNDING.get(name) if strategy.backend == "graph" and not AVX512 else None
+        tol = ISA_ROUNDING.get(name) if strategy.backend == "graph" and not GRAPH_EXACT_CPU else None
         result = check_parity(build, strategy, steps=3, tol=tol)
         exact = strategy.precision == "fp32" and tol is None
         if not result.ok or (exact and result.max_abs_diff != 0.0):

@@ -1,0 +1,71 @@
+"""``Strategy.instance_norm`` for any model's ``nn.InstanceNorm2d``.
+
+:func:`use_instance_norm` (called by ``build_step``) makes each eligible ``nn.InstanceNorm2d`` of
+the model (exactly that type, no affine parameters, no running statistics) a
+:class:`FormulatedInstanceNorm2d`: the same module and hooks, whose channels-last inputs are
+normalised per :func:`hotloop.ops.instance_norm.instance_norm2d` (``"per_sample"``: no layout
+copies). With ``"aten"`` in a channels-last model they stay formulated for their batch-of-one
+calls, which ``F.instance_norm`` gets wrong in channels-last (:mod:`hotloop.ops.instance_norm`);
+with ``"aten"`` otherwise the modules are ``nn.InstanceNorm2d`` again.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from torch import Tensor, nn
+
+from ..models.formulation import INSTANCE_NORM_OPTION, Formulation, FormulationOption
+from ..ops.instance_norm import instance_norm2d
+
+__all__ = ["FormulatedInstanceNorm2d", "use_instance_norm", "instance_norm_sites", "instance_norm_options"]
+
+
+class FormulatedInstanceNorm2d(nn.InstanceNorm2d):
+    """``nn.InstanceNorm2d`` whose batched 4-D inputs are normalised per its ``impl`` (module doc)."""
+
+    impl = "aten"
+
+    def forward(self, input: Tensor) -> Tensor:
+        if input.dim() == 4:
+            self._check_input_dim(input)
+            if input.shape[1] != self.num_features:     # the plain module only warns for a non-affine norm
+                raise ValueError(f"expected {self.num_features} channels, got input of shape {tuple(input.shape)}")
+            return instance_norm2d(input, self.eps, self.impl)
+        return super().forward(input)
+
+
+def instance_norm_sites(model: nn.Module) -> list[nn.InstanceNorm2d]:
+    """The distinct ``nn.InstanceNorm2d`` modules of ``model`` that ``instance_norm`` applies to."""
+    return [m for m in model.modules() if type(m) in (nn.InstanceNorm2d, FormulatedInstanceNorm2d)
+            and not m.affine and not m.track_running_stats]
+
+
+def use_instance_norm(model: nn.Module, impl: str = "aten", channels_last: bool = False) -> list[str]:
+    """Give ``model``'s instance norms the formulation ``impl`` (the module doc says when they stay
+    ``nn.InstanceNorm2d``); the step's report lines (an unknown value: ``FormulationError``)."""
+    Formulation(instance_norm=impl).check()
+    sites = instance_norm_sites(model)
+    formulated = impl != "aten" or channels_last
+    for norm in sites:                  # the class only: buffers and hooks stay the module's
+        if formulated:
+            norm.__class__ = FormulatedInstanceNorm2d
+            norm.impl = impl
+        elif type(norm) is FormulatedInstanceNorm2d:
+            norm.__class__ = nn.InstanceNorm2d
+            norm.__dict__.pop("impl", None)
+    if not formulated or not sites:
+        return []
+    modules = f"{len(sites)} nn.InstanceNorm2d module{'s' * (len(sites) != 1)}"
+    if impl == "aten":
+        return [f"instance norm: aten in {modules}, batches of one as batch norm (channels-last gradients)"]
+    return [f"instance norm: {impl} in {modules}"]
+
+
+def instance_norm_options(model: nn.Module) -> list[FormulationOption]:
+    """:data:`INSTANCE_NORM_OPTION` for a model with instance norms (their count in its reason)."""
+    sites = instance_norm_sites(model)
+    if not sites:
+        return []
+    option = INSTANCE_NORM_OPTION
+    return [dataclasses.replace(option, changes=dict(option.changes),
+                                why=f"{option.why} ({len(sites)} nn.InstanceNorm2d modules)")]
