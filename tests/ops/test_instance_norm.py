@@ -100,14 +100,15 @@ class Styled(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.conv, self.mix = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1)
         self.plain, self.affine = nn.InstanceNorm2d(6), nn.InstanceNorm2d(6, affine=True)
         self.running = nn.InstanceNorm2d(6, track_running_stats=True)
         self.head = nn.Linear(6, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.plain(self.conv(x)), inplace=True)
-        return self.head(self.running(self.affine(h)).mean((2, 3)))
+        c = self.conv(x)                                                       # [B, 6, H, W]
+        h = self.mix(c + F.relu(self.plain(c), inplace=True))                 # a residual block around the norm
+        return self.head(F.relu(self.running(self.affine(h))).mean((2, 3)))   # a normalised map's mean is 0
 
 
 def test_engine_turns_only_plain_instance_norms_and_back() -> None:
@@ -162,6 +163,14 @@ def test_built_channels_last_steps_train_like_the_plain_contiguous_step(batch_si
     for got, want in zip(got_params, params):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert any(line.startswith(f"instance norm: {impl} in 1 nn.InstanceNorm2d module") for line in report), report
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_the_captured_graph_backend_runs_the_formulation_as_eager_does(batch_size) -> None:
+    eager = _train(Strategy(channels_last=True, instance_norm="per_sample"), batch_size)
+    graph = _train(Strategy(channels_last=True, instance_norm="per_sample", backend="graph"), batch_size)
+    assert any(line.startswith("captured graph #1") for line in graph[2]), graph[2]
+    torch.testing.assert_close(graph[0], eager[0], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("batch_size", [1, 2])
