@@ -36,7 +36,9 @@ BF16_UNCHECKED = {"yolov3": "objectness summed over all cells"}
 #: (Zen 4) it is; with AVX2 (a Zen 3 CPU, or ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2) the
 #: captured graph's reductions split differently and yolov3's first loss moved by 1.9e-6 (8e-8
 #: relative), and on an Intel Xeon with AVX-512 and AMX its second loss moved by 3.8e-6 (1.8e-7
-#: relative); the relative tolerance that applies off the Zen 4 machine, with the engine's update check
+#: relative) while its parameters and buffers stayed bitwise eager's over six steps (only the loss
+#: scalar's own sum rounds otherwise); the relative tolerance that applies off the Zen 4 machine,
+#: with the engine's update check
 ISA_ROUNDING = {"yolov3": 1e-6}
 GRAPH_EXACT_CPU = "avx512" in cpu_isa().usable and "AMD" in cpu_isa().model
 
