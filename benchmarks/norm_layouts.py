@@ -121,7 +121,7 @@ def main() -> None:
                     for part, ms in parts.items():
                         totals[(form, part)] += ms * calls
                 rows.append({"model": name, "norm": kind, "shape": list(shape), "calls": calls, "forms": timed})
-            forms = sorted({form for form, _ in totals}, key=list(_forms(kind, 1)).index)
+            forms = list(timed)                       # every shape times the same forms, in _forms' order
             print(f"[{name}] {kind}: {sum(shapes.values())} calls per forward, {len(shapes)} shapes; per step, ms:")
             for form in forms:
                 fwd, bwd = totals[(form, "forward_ms")], totals[(form, "backward_ms")]

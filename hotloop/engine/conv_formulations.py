@@ -16,11 +16,9 @@ is left untouched).
 """
 from __future__ import annotations
 
-import dataclasses
-
 from torch import Tensor, nn
 
-from ..models.formulation import POINTWISE_GEMM_OPTION, TAPS_OPTION, Formulation, FormulationOption
+from ..models.formulation import POINTWISE_GEMM_OPTION, TAPS_OPTION, Formulation, FormulationOption, sites_text
 from ..ops.dilated_conv import dilated_conv2d
 from ..ops.pointwise_conv import pointwise_conv2d
 
@@ -57,10 +55,6 @@ def pointwise_conv_sites(model: nn.Module) -> list[nn.Conv2d]:
             if _plain_eligible(m) and m.kernel_size == (1, 1) and tuple(m.padding) == (0, 0)]
 
 
-def _modules(count: int) -> str:
-    return f"{count} nn.Conv2d module{'s' * (count != 1)}"
-
-
 def use_conv_formulations(model: nn.Module, wgrad: str = "aten", pointwise: str = "aten") -> list[str]:
     """Give ``model``'s dilated convolutions the weight gradient ``wgrad`` and its 1x1 ones the
     formulation ``pointwise``; the step's report lines (an unknown value: ``FormulationError``)."""
@@ -77,7 +71,7 @@ def use_conv_formulations(model: nn.Module, wgrad: str = "aten", pointwise: str 
                 conv.__dict__.pop(field, None)
         if value != "aten" and sites:
             what = "dilated conv weight gradient" if field == "wgrad" else "1x1 convs"
-            report.append(f"{what}: {value} in {_modules(len(sites))}")
+            report.append(f"{what}: {value} in {sites_text(len(sites), 'nn.Conv2d')}")
     return report
 
 
@@ -88,6 +82,5 @@ def conv_formulation_options(model: nn.Module) -> list[FormulationOption]:
     for sites, option in ((dilated_conv_sites(model), TAPS_OPTION), (pointwise_conv_sites(model),
                                                                      POINTWISE_GEMM_OPTION)):
         if sites:
-            options.append(dataclasses.replace(option, changes=dict(option.changes),
-                                               why=f"{option.why} ({_modules(len(sites))})"))
+            options.append(option.at_sites(len(sites), "nn.Conv2d"))
     return options

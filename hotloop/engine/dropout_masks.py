@@ -25,7 +25,7 @@ import dataclasses
 
 from torch import Tensor, nn
 
-from ..models.formulation import BITS16_OPTION, FormulationOption
+from ..models.formulation import BITS16_OPTION, FormulationOption, sites_text
 from ..ops.dropout import check_dropout_masks, dropout
 
 __all__ = ["MaskedDropout", "use_dropout_masks", "dropout_sites", "has_dropout", "dropout_option",
@@ -89,11 +89,7 @@ def use_dropout_masks(model: nn.Module, masks: str) -> list[str]:
             swap = replaced[id(child)] = MaskedDropout(child.p, child.inplace, masks)
             swap.train(child.training)
         setattr(parent, name, swap)
-    return [f"dropout masks: {masks} in {_modules(len(replaced))}"] if masks != "bernoulli" else []
-
-
-def _modules(count: int) -> str:
-    return f"{count} nn.Dropout module{'' if count == 1 else 's'}"
+    return [f"dropout masks: {masks} in {sites_text(len(replaced), 'nn.Dropout')}"] if masks != "bernoulli" else []
 
 
 def dropout_option(model: nn.Module) -> FormulationOption | None:
@@ -102,7 +98,7 @@ def dropout_option(model: nn.Module) -> FormulationOption | None:
     if not sites:
         return None
     return dataclasses.replace(BITS16_OPTION, changes=dict(BITS16_OPTION.changes),
-                               why=f"{BITS16_OPTION.why} in {_modules(sites)}")
+                               why=f"{BITS16_OPTION.why} in {sites_text(sites, 'nn.Dropout')}")
 
 
 def with_dropout_option(options: list[FormulationOption], model: nn.Module) -> list[FormulationOption]:

@@ -10,11 +10,9 @@ with ``"aten"`` otherwise the modules are ``nn.InstanceNorm2d`` again.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from torch import Tensor, nn
 
-from ..models.formulation import INSTANCE_NORM_OPTION, Formulation, FormulationOption
+from ..models.formulation import INSTANCE_NORM_OPTION, Formulation, FormulationOption, sites_text
 from ..ops.instance_norm import instance_norm2d
 
 __all__ = ["FormulatedInstanceNorm2d", "use_instance_norm", "instance_norm_sites", "instance_norm_options"]
@@ -27,7 +25,6 @@ class FormulatedInstanceNorm2d(nn.InstanceNorm2d):
 
     def forward(self, input: Tensor) -> Tensor:
         if input.dim() == 4:
-            self._check_input_dim(input)
             if input.shape[1] != self.num_features:     # the plain module only warns for a non-affine norm
                 raise ValueError(f"expected {self.num_features} channels, got input of shape {tuple(input.shape)}")
             return instance_norm2d(input, self.eps, self.impl)
@@ -55,7 +52,7 @@ def use_instance_norm(model: nn.Module, impl: str = "aten", channels_last: bool 
             norm.__dict__.pop("impl", None)
     if not formulated or not sites:
         return []
-    modules = f"{len(sites)} nn.InstanceNorm2d module{'s' * (len(sites) != 1)}"
+    modules = sites_text(len(sites), "nn.InstanceNorm2d")
     if impl == "aten":
         return [f"instance norm: aten in {modules}, batches of one as batch norm (channels-last gradients)"]
     return [f"instance norm: {impl} in {modules}"]
@@ -64,8 +61,4 @@ def use_instance_norm(model: nn.Module, impl: str = "aten", channels_last: bool 
 def instance_norm_options(model: nn.Module) -> list[FormulationOption]:
     """:data:`INSTANCE_NORM_OPTION` for a model with instance norms (their count in its reason)."""
     sites = instance_norm_sites(model)
-    if not sites:
-        return []
-    option = INSTANCE_NORM_OPTION
-    return [dataclasses.replace(option, changes=dict(option.changes),
-                                why=f"{option.why} ({len(sites)} nn.InstanceNorm2d modules)")]
+    return [INSTANCE_NORM_OPTION.at_sites(len(sites), "nn.InstanceNorm2d")] if sites else []

@@ -32,7 +32,7 @@ from .lstm_cells import LSTM_IMPLS
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
            "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING", "ENGINE_FIELDS", "RANDOM_STREAM_FIELDS",
            "BITS16_OPTION", "FUSED_CE_OPTIONS", "TAPS_OPTION",
-           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION", "INSTANCE_NORM_OPTION"]
+           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION", "INSTANCE_NORM_OPTION", "sites_text"]
 
 #: accepted values of the string fields
 GEMM_DTYPES = ("fp32", "bf16")
@@ -123,6 +123,15 @@ class FormulationOption:
     expected_gain: float = 0.1        # prior used only to order the trials
     #: Strategy settings the option is timed with: the layout its kernels are written for
     timed_with: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def at_sites(self, count: int, module: str) -> "FormulationOption":
+        """A copy of this engine option whose reason counts the model's sites for it."""
+        return dataclasses.replace(self, changes=dict(self.changes), why=f"{self.why} ({sites_text(count, module)})")
+
+
+def sites_text(count: int, module: str) -> str:
+    """``"3 nn.Conv2d modules"``: how option reasons and step report lines count a formulation's sites."""
+    return f"{count} {module} module{'s' * (count != 1)}"
 
 
 #: every dropout mask from 16-bit draws: another random stream, the same drop rate (the parity
