@@ -19,7 +19,7 @@ evaluation, export and checkpoints see the plain modules, and a state dict keeps
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -63,14 +63,16 @@ def dynamic_shapes(net: nn.Module) -> bool:
 
 
 class CompiledNetworks:
-    """``torch.compile`` of each network's call, active only inside :meth:`active`."""
+    """``torch.compile`` of each network's call (with inductor's ``options``), active only inside
+    :meth:`active`."""
 
-    def __init__(self, networks: list[nn.Module], mode: str | None) -> None:
+    def __init__(self, networks: list[nn.Module], options: dict[str, Any] | None = None) -> None:
         if not networks:
             raise ValueError("no network to compile: the model has no child module with trainable parameters")
         self.networks = list(networks)
         # what nn.Module.compile() sets; assigned here only while the step runs (see active)
-        self.calls = [torch.compile(net._call_impl, mode=mode, dynamic=True if dynamic_shapes(net) else None)
+        self.calls = [torch.compile(net._call_impl, options=options,
+                                    dynamic=True if dynamic_shapes(net) else None)
                       for net in self.networks]
 
     @contextlib.contextmanager

@@ -7,8 +7,10 @@ random draws) eagerly around them (:mod:`hotloop.engine.compiled_networks`).
 Clipping and the optimizer update stay eager (multi-tensor kernels), in the one
 step. Graph breaks are counted from dynamo's counters after the first call; if
 compiling fails (no C++ compiler, an unsupported op) the micro-batch runs
-eagerly and ``fallback_reason`` says why. ``cuda_graphs=True`` selects the
-``reduce-overhead`` mode (CUDA graphs). The generated code is cached on disk between runs
+eagerly and ``fallback_reason`` says why. ``cuda_graphs=True`` adds CUDA graphs (what the
+``reduce-overhead`` mode sets). Random ops in the compiled code call aten's kernels
+(:data:`DRAWS_LIKE_EAGER`): a compiled step draws the numbers the eager step draws (dropout masks
+included), so it trains as the eager step does and the parity check judges it as any reordering. The generated code is cached on disk between runs
 (:mod:`hotloop.engine.compile_cache`); ``compile_stats`` says what the first call cost and
 whether its code was compiled or loaded from that cache.
 """
@@ -28,7 +30,15 @@ from .compiled_networks import CompiledNetworks
 from .precision import Precision
 from .step_parts import LossFn, PhaseHook
 
-__all__ = ["InductorBackend"]
+__all__ = ["InductorBackend", "DRAWS_LIKE_EAGER", "inductor_options"]
+
+#: inductor's setting for every compile here: random ops fall back to aten's, in eager's stream
+DRAWS_LIKE_EAGER: dict[str, Any] = {"fallback_random": True}
+
+
+def inductor_options(cuda_graphs: bool) -> dict[str, Any]:
+    """``torch.compile(options=...)``: eager's random numbers, and CUDA graphs when asked."""
+    return {**DRAWS_LIKE_EAGER, **({"triton.cudagraphs": True} if cuda_graphs else {})}
 
 
 class InductorBackend(EagerBackend):
@@ -40,7 +50,7 @@ class InductorBackend(EagerBackend):
     def __init__(self, device: torch.device, cuda_graphs: bool, report: list[str] | None = None,
                  networks: list[nn.Module] | None = None) -> None:
         super().__init__(report)
-        self.mode = "reduce-overhead" if cuda_graphs else None
+        self.options = inductor_options(cuda_graphs)
         self.compiled: dict[int, Callable[..., LossOutput]] = {}     # id(loss_fn) -> compiled loss
         self.graph_breaks = 0
         self.compile_stats: CompileStats | None = None      # every first call's compilation (None before one)
@@ -50,7 +60,7 @@ class InductorBackend(EagerBackend):
             return
         use_compile_cache()
         if networks is not None:
-            self.networks = CompiledNetworks(networks, self.mode)
+            self.networks = CompiledNetworks(networks, self.options)
             self.report.append(f"inductor: {self.networks.describe()}; the losses' own code runs eagerly")
 
     def _compile(self, loss_fn: LossFn) -> Callable[..., LossOutput]:
@@ -66,7 +76,7 @@ class InductorBackend(EagerBackend):
             out = loss_fn(m, batch, state)
             return out.loss, out.stats, out.state, out.weight
 
-        compiled_fn = torch.compile(forward, mode=self.mode)
+        compiled_fn = torch.compile(forward, options=self.options)
 
         def compiled_loss(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
             loss, stats, new_state, weight = compiled_fn(model, batch, state)

@@ -12,6 +12,12 @@ The mask is built once, as ``keep * scale`` in the input's dtype, and used by
 both passes: forward is one multiply, backward is one multiply. Draws come from
 the default (or given) torch generator, so a seeded run repeats bitwise and a
 resumed run continues the same stream.
+
+The words come from the op ``hotloop::random_words`` (:func:`random_words`), which draws them
+from the default generator. A captured step (``backend="graph"``, ``torch.compile``) records
+that op and draws the same words at run time: aten's own full-range draw (``random_.from``) is
+an overload whose name is a Python keyword, and the FX code made of a graph holding it does not
+parse.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["dropout", "dropout_mask", "check_dropout_masks", "DROPOUT_MASKS", "DropoutMaskError"]
+__all__ = ["dropout", "dropout_mask", "random_words", "check_dropout_masks", "DROPOUT_MASKS", "DropoutMaskError"]
 
 #: mask formulations: "bernoulli" (torch's F.dropout) or "bits16" (this module)
 DROPOUT_MASKS = ("bernoulli", "bits16")
@@ -37,6 +43,17 @@ def check_dropout_masks(masks: str, what: str = "dropout masks") -> None:
         raise DropoutMaskError(f"unknown {what} {masks!r}; choose one of {list(DROPOUT_MASKS)}")
 
 
+@torch.library.custom_op("hotloop::random_words", mutates_args=())
+def random_words(count: int, device: torch.device) -> Tensor:
+    """``count`` uniform 64-bit words [count] (int64) from the default generator of ``device``."""
+    return torch.empty(count, dtype=torch.int64, device=device).random_(-(1 << 63), None)
+
+
+@random_words.register_fake
+def _random_words_shape(count: int, device: torch.device) -> Tensor:
+    return torch.empty(count, dtype=torch.int64, device=device)
+
+
 def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype, device: torch.device,
                  generator: torch.Generator | None = None) -> Tensor:
     """``keep * scale`` of ``shape`` in ``dtype``: 0 with probability ``round(p*65536)/65536``."""
@@ -44,8 +61,11 @@ def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dty
         raise DropoutMaskError(f"dropout probability must be in [0, 1), got {p}")
     dropped = round(p * _LEVELS)
     numel = math.prod(shape)
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device)
-    words.random_(-(1 << 63), None, generator=generator)                 # full 64-bit words
+    count = (numel + 3) // 4                                             # full 64-bit words
+    if generator is None:
+        words = random_words(count, torch.device(device))
+    else:
+        words = torch.empty(count, dtype=torch.int64, device=device).random_(-(1 << 63), None, generator=generator)
     levels = words.view(torch.int16)[:numel].view(shape)                 # 4 x int16 per word
     keep = levels >= dropped - (_LEVELS // 2)                            # uniform over 65536 levels
     scale = _LEVELS / (_LEVELS - dropped)

@@ -30,7 +30,7 @@ def test_the_networks_are_the_children_with_trainable_parameters():
     model = Declared()
     assert compile_networks(model) == [model.body]
     with pytest.raises(ValueError, match="no network to compile"):
-        CompiledNetworks(compile_networks(nn.ReLU()), None)
+        CompiledNetworks(compile_networks(nn.ReLU()))
 
 
 def test_compiled_calls_are_routed_only_inside_the_step(monkeypatch):
@@ -43,7 +43,7 @@ def test_compiled_calls_are_routed_only_inside_the_step(monkeypatch):
         return run
     monkeypatch.setattr(torch, "compile", fake_compile)
     body, head = nn.Linear(3, 3), nn.Linear(3, 1)
-    networks = CompiledNetworks([body, head], None)
+    networks = CompiledNetworks([body, head])
     x = torch.randn(2, 3)
     head(body(x))
     assert calls == []                        # outside the block: the plain modules
@@ -156,7 +156,7 @@ def test_a_dynamic_unit_compiles_once_for_any_row_count():
     from torch._dynamo.utils import counters
     gen = torch.Generator().manual_seed(0)
     pool = _Pool()
-    compiled = CompiledNetworks([pool], None)
+    compiled = CompiledNetworks([pool])
     before = counters["stats"]["unique_graphs"]
     for k in (6, 9):
         table = torch.randn(10, 3, generator=gen, requires_grad=True)

@@ -163,3 +163,14 @@ def test_bernoulli_masks_change_nothing() -> None:
         opt.step()
         ref.append(float(loss))
     assert losses == ref
+
+
+def test_the_captured_graph_draws_the_masks_eager_draws() -> None:
+    """backend=graph captures bits16 masks (their words are one traced op) and trains bitwise as eager."""
+    losses = {}
+    for strategy in (BITS16, Strategy(dropout_masks="bits16", backend="graph")):
+        torch.manual_seed(0)
+        model, hp = bert_tiny()
+        losses[strategy.backend], report = _train(model, hp, strategy)
+    assert [line for line in report if line.startswith("captured graph #1")], report   # not a fallback
+    assert losses["graph"] == losses["eager"]

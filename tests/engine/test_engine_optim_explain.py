@@ -136,9 +136,10 @@ def test_inductor_falls_back_when_compile_fails(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_inductor_backend_trains_like_eager():
-    """The real inductor compile of the tiny MLP (about 25 s with a warm inductor cache on 2
-    busy cores, about 55 s cold): auto may propose this backend, so it runs in every suite."""
-    result = check_parity(model_case("mlp", "tiny", steps=3), Strategy(backend="inductor"))
+    """The real inductor compile of the tiny MLP with dropout (about 25 s with a warm inductor cache
+    on 2 busy cores, about 55 s cold): auto may propose this backend, so it runs in every suite.
+    The compiled step draws eager's dropout masks, so it is held to the plain fp32 tolerances."""
+    result = check_parity(model_case("mlp", "tiny", steps=3, overrides="dropout=0.3"), Strategy(backend="inductor"))
     if "avx512" not in cpu_isa().usable and result.fallback_reason is not None:
         # torch 2.13's inductor, vectorising for AVX2 (ATEN_CPU_CAPABILITY=avx2 on the AVX512-BF16
         # EPYC), generated a kernel that fails its own bounds check ("index out of bounds:

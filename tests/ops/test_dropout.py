@@ -5,8 +5,9 @@ import math
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
-from hotloop.ops.dropout import DropoutMaskError, dropout, dropout_mask
+from hotloop.ops.dropout import DropoutMaskError, dropout, dropout_mask, random_words
 
 
 @pytest.mark.parametrize("p", [0.2, 0.5, 0.65])
@@ -72,3 +73,20 @@ def test_bad_probability_and_unknown_masks_are_clear_errors() -> None:
         dropout(torch.ones(3), 1.0, True)
     with pytest.raises(DropoutMaskError, match="unknown dropout masks 'coin'.*bits16"):
         dropout(torch.ones(3), 0.1, True, masks="coin")
+
+
+def test_the_mask_words_are_aten_full_range_draws_and_a_traced_graph_of_them_runs() -> None:
+    torch.manual_seed(11)
+    words = random_words(9, torch.device("cpu"))
+    torch.manual_seed(11)
+    assert torch.equal(words, torch.empty(9, dtype=torch.int64).random_(-(1 << 63), None))
+
+    def masked(x: torch.Tensor) -> torch.Tensor:                  # [4, 6] -> [4, 6]
+        return dropout(x, 0.5, True)
+
+    graph = make_fx(masked, tracing_mode="fake")(torch.ones(4, 6))   # builds the graph's Python code
+    assert "hotloop.random_words" in graph.code
+    torch.manual_seed(3)
+    traced = graph(torch.ones(4, 6))
+    torch.manual_seed(3)
+    assert torch.equal(traced, masked(torch.ones(4, 6)))
