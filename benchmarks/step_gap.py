@@ -13,7 +13,9 @@ kept on the device, so no reader or copy is timed):
   whose batches change shape, such as Transformer-base's token batches);
 - **expert_fed** and **hotloop_fed** (``--fed``): the two read the problem's batches as the zoo
   has them read (the expert its own way, hotloop through the Trainer's feeder with the default
-  prefetch); ``fed_vs_expert_fed`` pairs them, so feeding's share of a gap shows.
+  prefetch); ``fed_vs_expert_fed`` pairs them, so feeding's share of a gap shows;
+  **hotloop_fed_inline** (``--fed``) is hotloop's feeder reading in line (``prefetch=0``), and
+  ``inline_vs_fed`` pairs it with ``hotloop_fed``: above 1, reading in line is faster.
 
 Blocks of ``--block`` steps are interleaved in a balanced Latin square after a warm-up round;
 step times are medians, ``vs_expert`` the paired per-round ratios (``zoo_stats.paired_speedup``).
@@ -51,7 +53,7 @@ from hotloop.tools.hardware import machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
 from expert_loop import PRECISIONS, ExpertLoop, ExpertSettings, expert_settings  # noqa: E402
 from zoo import MODEL_OF, SIZES, SMOKE_DEFAULT, SMOKE_OVERRIDES, Endless, HotloopLoop, _timed_block  # noqa: E402
-from zoo_stats import paired_speedup, round_order  # noqa: E402
+from zoo_stats import paired_speedup, ratio_text, round_order  # noqa: E402
 
 __all__ = ["matching_strategy", "gap_row", "main"]
 
@@ -141,6 +143,10 @@ def gap_row(name: str, device: torch.device, *, size: str = "small", precision: 
         with applied_strategy(feeding, device):
             loops["hotloop_fed"] = HotloopLoop(copy.deepcopy(run.model), run, feeding, device)
         flags["hotloop_fed"] = lambda: applied_strategy(feeding, device)
+        inline = strategy.replace(prefetch=0)
+        with applied_strategy(inline, device):
+            loops["hotloop_fed_inline"] = HotloopLoop(copy.deepcopy(run.model), run, inline, device)
+        flags["hotloop_fed_inline"] = lambda: applied_strategy(inline, device)
     times: dict[str, list[float]] = {key: [] for key in loops}
     keys = list(loops)
     try:
@@ -166,7 +172,8 @@ def gap_row(name: str, device: torch.device, *, size: str = "small", precision: 
             "step_ms": ms, "vs_expert": {key: paired_speedup(times["expert"], times[key]) for key in keys
                                          if key != "expert"},
             "first_losses": {key: loops[key].losses[:first] for key in ("expert", "hotloop")},
-            **({"fed_vs_expert_fed": paired_speedup(times["expert_fed"], times["hotloop_fed"])} if fed else {})}
+            **({"fed_vs_expert_fed": paired_speedup(times["expert_fed"], times["hotloop_fed"]),
+                "inline_vs_fed": paired_speedup(times["hotloop_fed"], times["hotloop_fed_inline"])} if fed else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
               + "; expert time / contender's: " + ", ".join(
                   f"{k} {v['paired'] or row['step_ms']['expert'] / row['step_ms'][k]:.3f}x ({v['verdict']})"
                   for k, v in row["vs_expert"].items()), flush=True)
+        if args.fed:
+            print(f"[{name}] hotloop_fed time / hotloop_fed_inline's: {ratio_text(row['inline_vs_fed'])}", flush=True)
         if args.json:        # rewritten after each model: a run cut short keeps what it finished
             Path(args.json).write_text(json.dumps({"machine": machine, "device": str(device), "size": args.size,
                                                    "precision": args.precision, "threads": torch.get_num_threads(),

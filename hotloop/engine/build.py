@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from ..hparams import HParams
-from ..models.base import LossOutput
 from ..optim import build_optimizer, fused_kernel_available, sparse_gradient_modules
 from ..param_groups import param_groups
 from ..problems.base import Batch
@@ -51,13 +50,10 @@ class BuiltStep:
     precision: Precision                      # autocast and loss scaling (its state goes into checkpoints)
 
 
-def _channels_last_inputs(loss_fn: LossFn) -> LossFn:
-    """Wrap ``loss_fn`` so 4-D floating batch tensors arrive in channels_last layout."""
-    def wrapped(model: nn.Module, batch: Batch, state: Any) -> LossOutput:
-        batch = {k: v.contiguous(memory_format=torch.channels_last)
-                 if v.dim() == 4 and v.is_floating_point() else v for k, v in batch.items()}
-        return loss_fn(model, batch, state)
-    return wrapped
+def channels_last_batch(batch: Batch) -> Batch:
+    """``batch`` with its 4-D floating tensors in channels_last layout (the others as they are)."""
+    return {k: v.contiguous(memory_format=torch.channels_last)
+            if v.dim() == 4 and v.is_floating_point() else v for k, v in batch.items()}
 
 
 def wire_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool, kernel: bool = False) -> list[str]:
@@ -126,7 +122,6 @@ def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.opti
         phase_optimizers = [optimizer]
     if strategy.channels_last:
         model.to(memory_format=torch.channels_last)   # parameters keep their identity
-        phases = [Phase(p.name, _channels_last_inputs(p.loss_fn), p.parameters) for p in phases]
         lines.append("layout: model and 4-D float inputs converted to channels_last")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     precision = precision or Precision(strategy.precision, device)
@@ -134,7 +129,7 @@ def compile_step(model: nn.Module, loss_fn: LossFn | None, optimizer: torch.opti
                            report=lines)
     step = TrainStep(model, phases, optimizer, list(phase_optimizers or [optimizer]), precision,
                      backend=backend, max_grad_norm=max_grad_norm, no_sync=no_sync, clip_via_lr=clip_via_lr,
-                     report=lines)
+                     report=lines, inputs=channels_last_batch if strategy.channels_last else None)
     step.notices.extend(notices)
     return step
 

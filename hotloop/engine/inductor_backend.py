@@ -10,9 +10,10 @@ compiling fails (no C++ compiler, an unsupported op) the micro-batch runs
 eagerly and ``fallback_reason`` says why. ``cuda_graphs=True`` adds CUDA graphs (what the
 ``reduce-overhead`` mode sets). Random ops in the compiled code call aten's kernels
 (:data:`DRAWS_LIKE_EAGER`): a compiled step draws the numbers the eager step draws (dropout masks
-included), so it trains as the eager step does and the parity check judges it as any reordering. The generated code is cached on disk between runs
-(:mod:`hotloop.engine.compile_cache`); ``compile_stats`` says what the first call cost and
-whether its code was compiled or loaded from that cache.
+included), so it trains as the eager step does and the parity check judges it as any reordering.
+The generated code is cached on disk between runs (:mod:`hotloop.engine.compile_cache`);
+``compile_stats`` says what the first call cost and whether its code was compiled or loaded from
+that cache.
 """
 from __future__ import annotations
 

@@ -39,14 +39,18 @@ class TrainStep:
     ``phase`` (a :data:`~hotloop.engine.step_parts.PhaseHook`) wraps each part of the
     step; the default does nothing. ``optimizer`` is what the Trainer sees (a
     :class:`~hotloop.engine.program.PhaseOptimizers` for several phases);
-    ``phase_optimizers[i]`` steps phase ``i``'s parameters.
+    ``phase_optimizers[i]`` steps phase ``i``'s parameters. ``inputs`` (the channels-last
+    conversion) makes each micro-batch what the model reads, once per step before any phase:
+    every phase of a step sees the same batch tensors (CycleGAN's discriminator phase finds the
+    fakes its generator phase made from them).
     """
 
     def __init__(self, model: nn.Module, phases: Sequence[Phase], optimizer: Any,
                  phase_optimizers: Sequence[torch.optim.Optimizer], precision: Precision, *,
                  backend: Backend | None = None, max_grad_norm: float = 0.0,
                  no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
-                 clip_via_lr: bool = False, report: list[str] | None = None) -> None:
+                 clip_via_lr: bool = False, report: list[str] | None = None,
+                 inputs: Callable[[Batch], Batch] | None = None) -> None:
         if not phases or len(phases) != len(phase_optimizers):
             raise ValueError("a step needs one optimizer per phase (and at least one phase)")
         self.model = model
@@ -62,6 +66,7 @@ class TrainStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.phase: PhaseHook = no_phase
+        self.inputs = inputs
         # one loss function object per (phase, weighted): a compiling backend caches by identity
         self._loss_fns = [(training_loss_fn(p.loss_fn), weighted_loss_fn(p.loss_fn)) for p in self.phases]
         self.clip_via_lr = self._fold_clip(clip_via_lr)
@@ -96,6 +101,8 @@ class TrainStep:
     def __call__(self, micro_batches: Sequence[Batch], state: Any = None) -> StepResult:
         if not micro_batches:
             raise ValueError("step() needs at least one micro-batch")
+        if self.inputs is not None:
+            micro_batches = [self.inputs(batch) for batch in micro_batches]
         if len(self.phases) == 1:
             loss, norm, stats, state = self._run_phase(0, micro_batches, state)
             self.precision.update()

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from hotloop.engine import Strategy, build_step
 from hotloop.models.cyclegan import (CycleGAN, CycleGANHParams, ImagePool, PatchDiscriminator, ResnetGenerator,
                                      translation_grid, write_png)
 from hotloop.models.resnet import count_parameters
@@ -132,3 +133,23 @@ def test_translation_grid_png(tmp_path):
     decoded = matplotlib_image.imread(str(path))                    # an independent PNG decoder
     assert decoded.shape == (32, 64, 3)
     assert torch.equal(torch.from_numpy((decoded * 255).round().astype("uint8")), grid)
+
+
+def _built_steps(strategy: Strategy) -> tuple[CycleGAN, list[dict[str, float]]]:
+    torch.manual_seed(0)
+    model = CycleGAN(_tiny(), SPEC)
+    step = build_step(model, _tiny(), strategy).step
+    torch.manual_seed(1)                                           # the pools' draws
+    return model, [{k: float(v) for k, v in step([_batch(seed)]).stats.items()} for seed in (1, 2, 3)]
+
+
+def test_a_channels_last_step_scores_the_fakes_its_generator_phase_made():
+    """The step converts an NCHW batch once, before both phases: the discriminator phase finds the
+    generator phase's fakes (none is left behind) and the step trains as the contiguous one does."""
+    model, stats = _built_steps(Strategy(channels_last=True))
+    assert model._fakes == []
+    _, contiguous = _built_steps(Strategy())
+    assert stats[0].keys() == contiguous[0].keys() and any(k.startswith("discriminator/") for k in stats[0])
+    for got, want in zip(stats, contiguous):
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
