@@ -177,7 +177,8 @@ def capture_joint(model: nn.Module, loss_fn: Callable[..., Any], batch: Batch, s
         data = dict(zip(keys, flat[n_p + n_b:n_p + n_b + n_d]))
         st = unflatten_state(list(flat[n_p + n_b + n_d:]), state_spec)
         mapping = {**dict(zip(names, p_in)), **dict(zip(buffer_names, b_in))}
-        with _reparametrize_module(model, mapping), precision.autocast():
+        # tie_weights: a parameter shared by several modules (tied embeddings) is traced under each name
+        with _reparametrize_module(model, mapping, tie_weights=True), precision.autocast():
             out = loss_fn(model, data, st)
         loss = out.loss
         wants = [i for i, p in enumerate(p_in) if p.requires_grad]

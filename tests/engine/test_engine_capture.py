@@ -106,6 +106,36 @@ def test_sparse_gradients_fall_back_when_optimizer_is_not_fused():
     assert "sparse gradients" in step.fallback_reason
 
 
+class TiedEmbeddings(nn.Module):
+    """Tied input embedding and output projection (one parameter under two names), as in a Transformer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.mix = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, ids):                                          # [B, T] -> [B, 10]
+        return self.out(torch.tanh(self.mix(self.emb(ids))).mean(1))
+
+
+def _tied_case():
+    torch.manual_seed(0)
+    model = TiedEmbeddings()
+    g = torch.Generator().manual_seed(1)
+    batches = [[{"ids": torch.randint(0, 10, (4, 5), generator=g), "y": torch.randint(0, 3, (4,), generator=g)}]
+               for _ in range(3)]
+    return ParityCase(model, lambda p, fused: torch.optim.Adam(p, lr=1e-2, foreach=fused), batches, loss_fn=loss_fn)
+
+
+@pytest.mark.timeout(120)
+def test_a_parameter_tied_under_two_names_is_captured_and_trains_bitwise():
+    result = check_parity(_tied_case, GRAPH, steps=3)
+    assert result.fallback_reason is None, result.fallback_reason
+    assert result.ok and result.max_abs_diff == 0.0, (result.losses, result.losses_ref)
+
+
 def _branchy_case():
     torch.manual_seed(0)
     model = Branchy()
