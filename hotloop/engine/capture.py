@@ -4,7 +4,8 @@
 and ``torch.autograd.grad`` inside, under ``make_fx`` with fake tensors, so the
 backward ops land in the same graph (the joint graph). A second trace through
 ``torch.func.functionalize`` removes every mutation, which makes the graph
-safe to rewrite and to run out of order. Fake-tensor tracing never reads a
+safe to rewrite and to run out of order (its random draws keep eager's memory order:
+:mod:`hotloop.engine.random_layout`). Fake-tensor tracing never reads a
 value, so data-dependent Python control flow (``if t.any():``, ``.item()``)
 raises instead of being baked in: :class:`CaptureError` says where.
 
@@ -29,6 +30,7 @@ from ..problems.base import Batch
 from .passes import PassResult, run_passes
 from .passes.collapse_views import returns_fresh
 from .precision import Precision
+from .random_layout import keep_random_layouts
 
 __all__ = ["flatten_state", "unflatten_state", "CaptureError", "CapturedGraph", "Signature", "capture_joint", "step_signature", "GraphLayout"]
 
@@ -198,6 +200,7 @@ def capture_joint(model: nn.Module, loss_fn: Callable[..., Any], batch: Batch, s
             traced = make_fx(joint, tracing_mode="fake")(*flat_in)
         detached = [x.detach() for x in flat_in]
         gm = make_fx(torch.func.functionalize(traced, remove="mutations"), tracing_mode="fake")(*detached)
+        keep_random_layouts(gm)           # dropout masks drawn in eager's memory order
     except CaptureError:
         raise
     except Exception as exc:  # noqa: BLE001 - every tracing failure becomes a recorded fallback

@@ -43,7 +43,7 @@ def check_dropout_masks(masks: str, what: str = "dropout masks") -> None:
         raise DropoutMaskError(f"unknown {what} {masks!r}; choose one of {list(DROPOUT_MASKS)}")
 
 
-@torch.library.custom_op("hotloop::random_words", mutates_args=())
+@torch.library.custom_op("hotloop::random_words", mutates_args=(), tags=torch.Tag.nondeterministic_seeded)
 def random_words(count: int, device: torch.device) -> Tensor:
     """``count`` uniform 64-bit words [count] (int64) from the default generator of ``device``."""
     return torch.empty(count, dtype=torch.int64, device=device).random_(-(1 << 63), None)

@@ -136,6 +136,39 @@ def test_a_parameter_tied_under_two_names_is_captured_and_trains_bitwise():
     assert result.ok and result.max_abs_diff == 0.0, (result.losses, result.losses_ref)
 
 
+class EncoderLayer(nn.Module):
+    """torch's encoder layer with dropout: its attention output is a strided view when dropped."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True, norm_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):                                            # [B, T, 16] -> [B, 3]
+        return self.head(self.layer(x).mean(1))
+
+
+def _encoder_case():
+    torch.manual_seed(0)
+    model = EncoderLayer()
+    g = torch.Generator().manual_seed(1)
+    batches = [[{"x": torch.randn(4, 5, 16, generator=g), "y": torch.randint(0, 3, (4,), generator=g)}]
+               for _ in range(3)]
+    return ParityCase(model, lambda p, fused: torch.optim.Adam(p, lr=1e-2, foreach=fused), batches, loss_fn=loss_fn)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", [GRAPH, GRAPH.replace(executor="parallel", inplace=True)])
+def test_captured_dropout_draws_eager_masks_on_strided_maps(strategy):
+    """Functionalized in-place draws would fill a contiguous mask (other units dropped); the graph
+    draws into the strided layout eager draws into (an op the executors order as a random one), so
+    the step is bitwise eager's."""
+    assert torch.Tag.nondeterministic_seeded in torch.ops.hotloop.bernoulli_like.default.tags
+    result = check_parity(_encoder_case, strategy, steps=3)
+    assert result.fallback_reason is None, result.fallback_reason
+    assert result.ok and result.max_abs_diff == 0.0, (result.losses, result.losses_ref)
+
+
 def _branchy_case():
     torch.manual_seed(0)
     model = Branchy()

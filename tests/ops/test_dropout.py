@@ -76,6 +76,7 @@ def test_bad_probability_and_unknown_masks_are_clear_errors() -> None:
 
 
 def test_the_mask_words_are_aten_full_range_draws_and_a_traced_graph_of_them_runs() -> None:
+    assert torch.Tag.nondeterministic_seeded in torch.ops.hotloop.random_words.default.tags   # kept in order
     torch.manual_seed(11)
     words = random_words(9, torch.device("cpu"))
     torch.manual_seed(11)
