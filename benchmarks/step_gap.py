@@ -82,17 +82,13 @@ class _HotloopStep:
     """``build_step``'s step in the loop shape the expert has (``step`` / ``flush`` / ``losses``)."""
 
     def __init__(self, model: torch.nn.Module, hp: Any, strategy: Strategy, next_batch: Callable[[], Batch]) -> None:
-        self.strategy, self.next_batch = strategy, next_batch
+        self.next_batch = next_batch
         self.built = build_step(model.train(), hp, strategy)
         self.pending: list[torch.Tensor] = []
         self.losses: list[float] = []
 
     def step(self) -> None:
-        batch = self.next_batch()
-        if self.strategy.channels_last:
-            batch = {k: v.contiguous(memory_format=torch.channels_last)
-                     if v.dim() == 4 and v.is_floating_point() else v for k, v in batch.items()}
-        self.pending.append(self.built.step([batch]).loss)
+        self.pending.append(self.built.step([self.next_batch()]).loss)   # the step makes its layout
 
     def flush(self) -> None:
         if self.pending:

@@ -28,16 +28,15 @@ def _bernoulli_like_shape(like: Tensor, p: float) -> Tensor:
     return torch.empty_like(like)
 
 
-def keep_random_layouts(gm: fx.GraphModule) -> int:
-    """Replace every ``aten.bernoulli.p`` of ``gm`` drawn from the default generator by
-    :func:`bernoulli_like`; the count replaced."""
-    count = 0
+def keep_random_layouts(gm: fx.GraphModule) -> None:
+    """Make every ``aten.bernoulli.p`` of ``gm`` drawn from the default generator a call of
+    :func:`bernoulli_like` (same input, same probability)."""
+    changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.bernoulli.p \
-                and node.kwargs.get("generator") is None and len(node.args) == 2:
-            node.target = torch.ops.hotloop.bernoulli_like.default
-            node.kwargs = {}
-            count += 1
-    if count:
+                and node.kwargs.get("generator") is None:
+            p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)     # the schema's default
+            node.target, node.args, node.kwargs = torch.ops.hotloop.bernoulli_like.default, (node.args[0], p), {}
+            changed = True
+    if changed:
         gm.recompile()
-    return count

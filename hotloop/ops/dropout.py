@@ -43,10 +43,15 @@ def check_dropout_masks(masks: str, what: str = "dropout masks") -> None:
         raise DropoutMaskError(f"unknown {what} {masks!r}; choose one of {list(DROPOUT_MASKS)}")
 
 
+def _full_range_words(count: int, device: torch.device, generator: torch.Generator | None = None) -> Tensor:
+    """``count`` uniform 64-bit words [count] (int64): aten's full-range draw."""
+    return torch.empty(count, dtype=torch.int64, device=device).random_(-(1 << 63), None, generator=generator)
+
+
 @torch.library.custom_op("hotloop::random_words", mutates_args=(), tags=torch.Tag.nondeterministic_seeded)
 def random_words(count: int, device: torch.device) -> Tensor:
     """``count`` uniform 64-bit words [count] (int64) from the default generator of ``device``."""
-    return torch.empty(count, dtype=torch.int64, device=device).random_(-(1 << 63), None)
+    return _full_range_words(count, device)
 
 
 @random_words.register_fake
@@ -62,10 +67,8 @@ def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dty
     dropped = round(p * _LEVELS)
     numel = math.prod(shape)
     count = (numel + 3) // 4                                             # full 64-bit words
-    if generator is None:
-        words = random_words(count, torch.device(device))
-    else:
-        words = torch.empty(count, dtype=torch.int64, device=device).random_(-(1 << 63), None, generator=generator)
+    words = (random_words(count, torch.device(device)) if generator is None
+             else _full_range_words(count, device, generator))
     levels = words.view(torch.int16)[:numel].view(shape)                 # 4 x int16 per word
     keep = levels >= dropped - (_LEVELS // 2)                            # uniform over 65536 levels
     scale = _LEVELS / (_LEVELS - dropped)
