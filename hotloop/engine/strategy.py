@@ -23,6 +23,7 @@ from ..errors import StrategyError
 from ..hparams import HParamsError, apply_overrides, parse_overrides, typed_value
 from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
 from .conv_formulations import dilated_conv_sites, pointwise_conv_sites
+from .linear_formulations import linear_sites
 from .norm_formulations import instance_norm_sites
 from .dropout_masks import has_dropout
 
@@ -76,6 +77,7 @@ class Strategy:
     pointwise_conv: str = "aten"        # "aten" | "gemm" (small 1x1 conv calls; fp32 reordering)
     se_backward: str = "aten"           # "aten" | "fused" (squeeze-excitation backward; the same numbers)
     instance_norm: str = "aten"         # "aten" | "per_sample" (channels-last instance norms; fp32 reordering)
+    linear_gemm: str = "aten"           # "aten" | "onednn" (nn.Linear GEMMs from oneDNN, CPU; fp32 reordering)
     clip_via_lr: bool = False           # plain SGD: clip by scaling the step's lr (changes rounding)
 
     @property
@@ -189,6 +191,9 @@ class Strategy:
             raise StrategyError("strategy executor=parallel runs captured graphs: set backend=graph")
         if device.type == "cuda" and not self.onednn:
             raise StrategyError("strategy onednn=False applies to CPU only (running on cuda)")
+        if self.linear_gemm == "onednn" and (device.type != "cpu" or not torch.backends.mkldnn.is_available()):
+            raise StrategyError(f"strategy linear_gemm=onednn needs a CPU with oneDNN (running on {device.type}"
+                                f"{'' if device.type != 'cpu' else ', a torch built without oneDNN'})")
         if device.type == "cuda" and self.precision == "bf16" and not torch.cuda.is_bf16_supported():
             raise StrategyError("strategy precision=bf16: this CUDA device has no bf16 support; use fp16")
         if self.graph_passes and self.backend != "graph":
@@ -240,12 +245,14 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
     site for them: ``dropout_masks`` by an ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`,
     ``dilated_conv_wgrad`` and ``pointwise_conv`` by a dilated and a 1x1 ``nn.Conv2d``,
     :mod:`hotloop.engine.conv_formulations`, ``instance_norm`` by a plain ``nn.InstanceNorm2d``,
-    :mod:`hotloop.engine.norm_formulations`)."""
+    :mod:`hotloop.engine.norm_formulations`, ``linear_gemm`` by a plain ``nn.Linear``,
+    :mod:`hotloop.engine.linear_formulations`)."""
     reads = set(getattr(model, "formulation_fields", ()))
     needs = {"dropout_masks": "an nn.Dropout with p > 0",
              "dilated_conv_wgrad": "a dilated nn.Conv2d (stride 1, one group)",
              "pointwise_conv": "an unpadded 1x1 nn.Conv2d (stride 1, one group)",
-             "instance_norm": "an nn.InstanceNorm2d without affine parameters or running statistics"}
+             "instance_norm": "an nn.InstanceNorm2d without affine parameters or running statistics",
+             "linear_gemm": "an nn.Linear"}
     if has_dropout(model):
         reads.add("dropout_masks")
     if dilated_conv_sites(model):
@@ -254,6 +261,8 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
         reads.add("pointwise_conv")
     if instance_norm_sites(model):
         reads.add("instance_norm")
+    if linear_sites(model):
+        reads.add("linear_gemm")
     foreign = sorted(set(strategy.formulation.changed()) - reads)
     if foreign:
         hints = "".join(f"; {field} needs {needs[field]}" for field in foreign if field in needs)

@@ -5,7 +5,7 @@ norm). How the same function is evaluated (which LSTM kernel, whether the output
 projection and cross-entropy are chunked, the operand dtype of their GEMMs, how
 dropout masks are drawn, how RoIAlign pools, how a dilated convolution's weight gradient is
 summed, whether a 1x1 convolution is a GEMM, how a squeeze-excitation gate's backward runs, how an
-instance norm of a channels-last map is computed) is a
+instance norm of a channels-last map is computed, which library's GEMMs a linear layer calls) is a
 speed choice: it belongs to the Strategy, where ``--strategy auto`` times it on the machine at hand
 and the parity guard checks it. :class:`Formulation` is the typed view of those Strategy fields that a model
 reads; the plain fp32 formulation is its default.
@@ -24,6 +24,7 @@ from ..errors import UserError
 from ..ops.dilated_conv import DILATED_CONV_WGRADS
 from ..ops.dropout import DROPOUT_MASKS
 from ..ops.instance_norm import INSTANCE_NORMS
+from ..ops.linear_gemm import LINEAR_GEMMS
 from ..ops.pointwise_conv import POINTWISE_CONVS
 from ..ops.roi_align import ROI_ALIGN_FORMULATIONS
 from ..ops.squeeze_excite import SE_BACKWARDS
@@ -32,7 +33,7 @@ from .lstm_cells import LSTM_IMPLS
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
            "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING", "ENGINE_FIELDS", "RANDOM_STREAM_FIELDS",
            "BITS16_OPTION", "FUSED_CE_OPTIONS", "TAPS_OPTION",
-           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION", "INSTANCE_NORM_OPTION", "sites_text"]
+           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION", "INSTANCE_NORM_OPTION", "ONEDNN_LINEAR_OPTION", "sites_text"]
 
 #: accepted values of the string fields
 GEMM_DTYPES = ("fp32", "bf16")
@@ -46,6 +47,7 @@ FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
     "pointwise_conv": POINTWISE_CONVS,
     "se_backward": SE_BACKWARDS,
     "instance_norm": INSTANCE_NORMS,
+    "linear_gemm": LINEAR_GEMMS,
 }
 
 #: how an option changes the numbers: "fp32" (other fp32 rounding), "bf16" (bf16 GEMM
@@ -55,8 +57,9 @@ ROUNDING = ("fp32", "bf16", "random_stream")
 #: fields the engine applies to any model besides the models that read them (``dropout_masks``:
 #: every ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`; ``dilated_conv_wgrad`` and
 #: ``pointwise_conv``: dilated and 1x1 ``nn.Conv2d``, :mod:`hotloop.engine.conv_formulations`;
-#: ``instance_norm``: plain ``nn.InstanceNorm2d``, :mod:`hotloop.engine.norm_formulations`)
-ENGINE_FIELDS = ("dropout_masks", "dilated_conv_wgrad", "pointwise_conv", "instance_norm")
+#: ``instance_norm``: plain ``nn.InstanceNorm2d``, :mod:`hotloop.engine.norm_formulations`;
+#: ``linear_gemm``: plain ``nn.Linear``, :mod:`hotloop.engine.linear_formulations`)
+ENGINE_FIELDS = ("dropout_masks", "dilated_conv_wgrad", "pointwise_conv", "instance_norm", "linear_gemm")
 #: fields whose other values draw other random numbers (same distribution)
 RANDOM_STREAM_FIELDS = ("dropout_masks",)
 
@@ -80,6 +83,7 @@ class Formulation:
     pointwise_conv: str = "aten"      # 1x1 convs: "aten" | "gemm" (one GEMM for small calls)
     se_backward: str = "aten"         # squeeze-excitation gate's backward: "aten" | "fused" (fewer map passes)
     instance_norm: str = "aten"       # instance norms: "aten" | "per_sample" (channels-last, no layout copies)
+    linear_gemm: str = "aten"         # nn.Linear GEMMs: "aten" (the BLAS) | "onednn" (CPU; fp32 reordering)
 
     def check(self) -> "Formulation":
         """Raise :class:`FormulationError` for an unknown value or combination; return self."""
@@ -120,6 +124,7 @@ class FormulationOption:
     why: str                          # what it changes, for the tune table
     rounding: str = "fp32"            # one of ROUNDING
     needs_fast_bf16: bool = False     # proposed only where bf16 GEMMs are faster than fp32
+    cpu_only: bool = False            # proposed only for a step on a CPU
     expected_gain: float = 0.1        # prior used only to order the trials
     #: Strategy settings the option is timed with: the layout its kernels are written for
     timed_with: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -175,3 +180,10 @@ SE_FUSED_OPTION = FormulationOption("se_backward=fused", {"se_backward": "fused"
 INSTANCE_NORM_OPTION = FormulationOption("instance_norm=per_sample", {"instance_norm": "per_sample"},
                                          "instance norms of channels-last maps per sample, no layout copies",
                                          expected_gain=0.05, timed_with={"channels_last": True})
+
+
+#: every plain ``nn.Linear``'s three GEMMs from oneDNN's kernels instead of the BLAS's
+#: (:mod:`hotloop.ops.linear_gemm`): offered by the engine, on a CPU, for models with such layers
+ONEDNN_LINEAR_OPTION = FormulationOption("linear_gemm=onednn", {"linear_gemm": "onednn"},
+                                         "linear layers' GEMMs from oneDNN's kernels instead of the BLAS's",
+                                         cpu_only=True, expected_gain=0.2)

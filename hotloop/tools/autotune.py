@@ -42,6 +42,7 @@ from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.process_settings import apply_process_settings
 from ..engine.conv_formulations import conv_formulation_options
 from ..engine.dropout_masks import with_dropout_option
+from ..engine.linear_formulations import linear_gemm_options
 from ..engine.norm_formulations import instance_norm_options
 from ..engine.compiled_networks import network_types
 from ..engine.program import model_phases
@@ -107,10 +108,11 @@ def _record_compiles(key: dict, trials: Sequence[Trial]) -> None:
 
 def _formulation_options(model: nn.Module) -> list[FormulationOption]:
     """The model's own options and the engine's for its nn.Dropout (engine/dropout_masks.py), dilated
-    and 1x1 nn.Conv2d (engine/conv_formulations.py) and nn.InstanceNorm2d (engine/norm_formulations.py)."""
+    and 1x1 nn.Conv2d (engine/conv_formulations.py), nn.InstanceNorm2d (engine/norm_formulations.py)
+    and nn.Linear (engine/linear_formulations.py)."""
     options = getattr(model, "formulation_options", None)
     return (with_dropout_option(list(options()) if callable(options) else [], model)
-            + conv_formulation_options(model) + instance_norm_options(model))
+            + conv_formulation_options(model) + instance_norm_options(model) + linear_gemm_options(model))
 
 
 def _clip_foldable(hp: HParams, device: torch.device) -> bool:

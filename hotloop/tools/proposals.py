@@ -151,7 +151,7 @@ def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
     plain-SGD learning rate when ``clip_foldable``.
 
     An option with bf16 GEMM operands is proposed only where bf16 matmuls run in hardware
-    (``hw.fast_bf16``); an option whose changes another proposed option contains is left
+    (``hw.fast_bf16``), a ``cpu_only`` one (oneDNN's linear GEMMs) only for a CPU step; an option whose changes another proposed option contains is left
     out (the larger one is timed instead); an option is timed with the settings it names in
     ``timed_with`` (the 1x1 GEMM in ``channels_last``, the layout it is faster in); an option that
     changes the random stream (bits16 dropout masks) is proposed with the tag ``random_stream``:
@@ -160,6 +160,7 @@ def formulation_proposals(options: list[FormulationOption], hw: HardwareInfo,
     subsets stay proposed.
     """
     fitting = [o for o in options if (hw.fast_bf16 or not o.needs_fast_bf16)
+               and (hw.device == "cpu" or not o.cpu_only)
                and (allow_reduced_precision or o.rounding != "bf16")]
     kept = [o for o in fitting if not any(
         other is not o and other.changes.items() > o.changes.items() for other in fitting)]

@@ -1,0 +1,42 @@
+"""A linear layer's GEMMs through oneDNN (``Strategy.linear_gemm``).
+
+On a CPU, ``F.linear`` and the two GEMMs of its backward call the BLAS torch is built with
+(MKL's sgemm). oneDNN's convolution computes the same product when the rows of ``x`` are the
+pixels of one channels-last map and the weight is a 1x1 kernel:
+``x [M, K] @ weight.T [K, N] + bias`` is ``conv2d(x as [1, K, M, 1], weight as [N, K, 1, 1], bias)``,
+with no copy of ``x``, the weight or the result. Its backward (oneDNN's data and weight gradients)
+gives the two other GEMMs. oneDNN picks its kernels by the instructions it finds; where they are
+wider than the BLAS's (MKL runs AVX2 code on AMD CPUs with AVX-512), the three GEMMs of a layer run
+faster. ``"onednn"`` is the same sum in another order (fp32 rounding); autocast casts the
+convolution as it casts a linear layer. Calls oneDNN does not serve (other devices, dtypes other
+than fp32 and bf16, empty inputs) stay ``F.linear``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["LINEAR_GEMMS", "linear", "onednn_serves"]
+
+#: ``Strategy.linear_gemm`` values: the BLAS's GEMM (``F.linear``), or oneDNN's
+LINEAR_GEMMS = ("aten", "onednn")
+
+
+def onednn_serves(x: Tensor, weight: Tensor) -> bool:
+    """Whether oneDNN computes ``F.linear(x, weight)`` here (the module doc's conditions)."""
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.dtype == weight.dtype
+            and weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1] and x.numel() > 0
+            and torch.backends.mkldnn.is_available())
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, gemm: str = "aten") -> Tensor:
+    """``F.linear(x, weight, bias)``, through oneDNN's convolution when ``gemm="onednn"`` and it
+    serves the call. x [..., K], weight [N, K], bias [N] -> [..., N]."""
+    if gemm != "onednn" or not onednn_serves(x, weight):
+        return F.linear(x, weight, bias)
+    features = x.shape[-1]
+    pixels = x.reshape(1, -1, 1, features).permute(0, 3, 1, 2)               # [1, K, M, 1], channels-last
+    out = F.conv2d(pixels, weight.view(*weight.shape, 1, 1), bias)          # [1, N, M, 1], channels-last
+    return out.permute(0, 2, 3, 1).reshape(*x.shape[:-1], weight.shape[0])  # [..., N], a view
+
