@@ -23,7 +23,7 @@ from ..errors import StrategyError
 from ..hparams import HParamsError, apply_overrides, parse_overrides, typed_value
 from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
 from .conv_formulations import dilated_conv_sites, pointwise_conv_sites
-from .linear_formulations import linear_sites
+from .linear_formulations import attention_sites, linear_sites
 from .norm_formulations import instance_norm_sites
 from .dropout_masks import has_dropout
 
@@ -245,14 +245,15 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
     site for them: ``dropout_masks`` by an ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`,
     ``dilated_conv_wgrad`` and ``pointwise_conv`` by a dilated and a 1x1 ``nn.Conv2d``,
     :mod:`hotloop.engine.conv_formulations`, ``instance_norm`` by a plain ``nn.InstanceNorm2d``,
-    :mod:`hotloop.engine.norm_formulations`, ``linear_gemm`` by a plain ``nn.Linear``,
+    :mod:`hotloop.engine.norm_formulations`, ``linear_gemm`` by a plain ``nn.Linear`` or
+    ``nn.MultiheadAttention``,
     :mod:`hotloop.engine.linear_formulations`)."""
     reads = set(getattr(model, "formulation_fields", ()))
     needs = {"dropout_masks": "an nn.Dropout with p > 0",
              "dilated_conv_wgrad": "a dilated nn.Conv2d (stride 1, one group)",
              "pointwise_conv": "an unpadded 1x1 nn.Conv2d (stride 1, one group)",
              "instance_norm": "an nn.InstanceNorm2d without affine parameters or running statistics",
-             "linear_gemm": "an nn.Linear"}
+             "linear_gemm": "an nn.Linear or nn.MultiheadAttention"}
     if has_dropout(model):
         reads.add("dropout_masks")
     if dilated_conv_sites(model):
@@ -261,7 +262,7 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
         reads.add("pointwise_conv")
     if instance_norm_sites(model):
         reads.add("instance_norm")
-    if linear_sites(model):
+    if linear_sites(model) or attention_sites(model):
         reads.add("linear_gemm")
     foreign = sorted(set(strategy.formulation.changed()) - reads)
     if foreign:

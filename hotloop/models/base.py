@@ -82,13 +82,14 @@ def fused_token_stats(hidden: Tensor, weight: Tensor, bias: Tensor | None, targe
 
     hidden: [N, H], its rows aligned with targets: [N]; ``examples`` is the batch's example count.
     Returns (*summed* loss, label-smoothed while ``training``; stats ``nll_sum``, ``tokens``,
-    ``examples``). GEMM operands are bf16 only while training with ``ce_gemm_dtype="bf16"``.
+    ``examples``). GEMM operands are bf16 only while training with ``ce_gemm_dtype="bf16"``; the
+    fp32 GEMMs are oneDNN's with ``linear_gemm="onednn"``.
     """
     gemm_dtype = torch.bfloat16 if formulation.ce_gemm_dtype == "bf16" and training else None
     loss_sum, nll_sum = linear_token_loss(hidden, weight, bias, targets,
                                           label_smoothing=label_smoothing if training else 0.0,
                                           ignore_index=pad_id, chunk_rows=formulation.ce_chunk_rows or None,
-                                          gemm_dtype=gemm_dtype)
+                                          gemm_dtype=gemm_dtype, linear_gemm=formulation.linear_gemm)
     tokens = (targets != pad_id).sum() if pad_id >= 0 else count(targets.numel(), targets)
     return loss_sum, {"nll_sum": nll_sum, "tokens": tokens, "examples": count(examples, targets)}
 

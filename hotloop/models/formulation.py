@@ -131,7 +131,11 @@ class FormulationOption:
 
     def at_sites(self, count: int, module: str) -> "FormulationOption":
         """A copy of this engine option whose reason counts the model's sites for it."""
-        return dataclasses.replace(self, changes=dict(self.changes), why=f"{self.why} ({sites_text(count, module)})")
+        return self.with_sites(sites_text(count, module))
+
+    def with_sites(self, sites: str) -> "FormulationOption":
+        """A copy of this engine option whose reason ends with ``sites`` (the model's sites for it)."""
+        return dataclasses.replace(self, changes=dict(self.changes), why=f"{self.why} ({sites})")
 
 
 def sites_text(count: int, module: str) -> str:

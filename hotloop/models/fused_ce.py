@@ -13,7 +13,10 @@ NLL sum from the same pass.
 Two paths compute the same function:
 
 - fp32 (``gemm_dtype=None``): ``chunk_rows`` rows at a time, fp32 logits,
-  bitwise the reference math up to summation order.
+  bitwise the reference math up to summation order. ``linear_gemm="onednn"`` computes
+  its three GEMMs with oneDNN's kernels on a CPU (:mod:`hotloop.ops.linear_gemm`), in
+  chunks of :data:`ONEDNN_CHUNK_ROWS` rows by default (oneDNN's kernels gain on taller
+  operands; the weight gradient is summed over the chunks).
 - bf16 operands (``gemm_dtype=torch.bfloat16``): the bias rides in the GEMM as
   an extra column (``[W | b]`` against ``[h | 1]``), so one GEMM gives logits
   with bias, and one GEMM gives both the weight and the bias gradient. The
@@ -28,9 +31,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["linear_cross_entropy", "linear_token_loss", "DEFAULT_CHUNK_ROWS", "DEFAULT_LOW_BLOCK_BYTES"]
+from ..ops.linear_gemm import linear, linear_grads, onednn_serves
+
+__all__ = ["linear_cross_entropy", "linear_token_loss", "DEFAULT_CHUNK_ROWS", "ONEDNN_CHUNK_ROWS",
+           "DEFAULT_LOW_BLOCK_BYTES"]
 
 DEFAULT_CHUNK_ROWS = 256                # fp32 path: rows of fp32 logits live at once
+ONEDNN_CHUNK_ROWS = 1024                # fp32 path with oneDNN's GEMMs: rows of fp32 logits live at once
 DEFAULT_LOW_BLOCK_BYTES = 64 << 20      # bf16 path: bytes of bf16 probabilities per block
 
 
@@ -38,9 +45,10 @@ Grads = tuple[Tensor | None, Tensor | None, Tensor | None]
 
 
 def _fp32_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, ignore_index: int,
-               chunk_rows: int, with_grad: bool, smoothing: float) -> tuple[Tensor, Tensor, Grads]:
+               chunk_rows: int, with_grad: bool, smoothing: float,
+               onednn: bool = False) -> tuple[Tensor, Tensor, Grads]:
     """Summed smoothed loss and NLL (and unit gradients of the loss) in the weight's dtype,
-    ``chunk_rows`` rows at a time."""
+    ``chunk_rows`` rows at a time; the GEMMs from oneDNN when ``onednn``."""
     # hidden [N, H], weight [V, H], bias [V] | None, targets [N] int64
     n, vocab = hidden.shape[0], weight.shape[0]
     total = hidden.new_zeros(())
@@ -52,7 +60,10 @@ def _fp32_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Ten
         stop = min(start + chunk_rows, n)
         h = hidden[start:stop]                                            # [n, H]
         tgt = targets[start:stop]                                         # [n]
-        logits = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())  # [n, V]
+        if onednn:
+            logits = linear(h, weight, bias, "onednn")                    # [n, V]
+        else:
+            logits = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())  # [n, V]
         row_max = logits.amax(dim=1, keepdim=True)                        # [n, 1]
         logits.sub_(row_max)
         valid = tgt != ignore_index if ignore_index >= 0 else None
@@ -78,8 +89,13 @@ def _fp32_pass(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Ten
                 probs.mul_(valid[:, None])                                # softmax - target
             if grad_bias is not None:
                 grad_bias += probs.sum(dim=0)
-            torch.mm(probs, weight, out=grad_hidden[start:stop])           # [n, H]
-            grad_weight.addmm_(probs.t(), h)                              # [V, H]
+            if onednn:
+                chunk_grad_hidden, chunk_grad_weight = linear_grads(probs, h, weight)   # [n, H], [V, H]
+                grad_hidden[start:stop] = chunk_grad_hidden
+                grad_weight += chunk_grad_weight
+            else:
+                torch.mm(probs, weight, out=grad_hidden[start:stop])       # [n, H]
+                grad_weight.addmm_(probs.t(), h)                          # [V, H]
     return total, total_nll, (grad_hidden, grad_weight, grad_bias)
 
 
@@ -150,14 +166,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
                 ignore_index: int, chunk_rows: int | None, with_grad: bool,
-                gemm_dtype: torch.dtype | None, smoothing: float) -> tuple[Tensor, Tensor]:
+                gemm_dtype: torch.dtype | None, smoothing: float, linear_gemm: str) -> tuple[Tensor, Tensor]:
         if gemm_dtype is not None and gemm_dtype != weight.dtype:
             rows = chunk_rows or max(1, DEFAULT_LOW_BLOCK_BYTES // (weight.shape[0] * gemm_dtype.itemsize))
             total, nll, grads = _low_pass(hidden, weight, bias, targets, ignore_index, rows, with_grad,
                                           smoothing, gemm_dtype)
         else:
-            total, nll, grads = _fp32_pass(hidden, weight, bias, targets, ignore_index,
-                                           chunk_rows or DEFAULT_CHUNK_ROWS, with_grad, smoothing)
+            onednn = linear_gemm == "onednn" and onednn_serves(hidden, weight)
+            rows = chunk_rows or (ONEDNN_CHUNK_ROWS if onednn else DEFAULT_CHUNK_ROWS)
+            total, nll, grads = _fp32_pass(hidden, weight, bias, targets, ignore_index, rows, with_grad,
+                                           smoothing, onednn)
         if with_grad:
             ctx.save_for_backward(*grads)
         ctx.has_bias = bias is not None
@@ -172,12 +190,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         scale = grad_total
         gb = grad_bias.mul_(scale) if ctx.has_bias else None
-        return grad_hidden.mul_(scale), grad_weight.mul_(scale), gb, None, None, None, None, None, None
+        return grad_hidden.mul_(scale), grad_weight.mul_(scale), gb, None, None, None, None, None, None, None
 
 
 def linear_token_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *,
                       label_smoothing: float = 0.0, ignore_index: int = -1, chunk_rows: int | None = None,
-                      gemm_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+                      gemm_dtype: torch.dtype | None = None, linear_gemm: str = "aten") -> tuple[Tensor, Tensor]:
     """(Summed label-smoothed cross-entropy, summed NLL) of ``hidden @ weight.T + bias``.
 
     The first is differentiable and equals ``F.cross_entropy(logits, targets,
@@ -198,23 +216,24 @@ def linear_token_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, targe
         hidden = hidden.to(weight.dtype)
         return _LinearCrossEntropy.apply(hidden.contiguous(), weight, bias, targets.contiguous(),
                                          ignore_index, chunk_rows, with_grad, gemm_dtype,
-                                         float(label_smoothing))
+                                         float(label_smoothing), linear_gemm)
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, *,
                          ignore_index: int = -1, chunk_rows: int | None = None,
-                         gemm_dtype: torch.dtype | None = None) -> Tensor:
+                         gemm_dtype: torch.dtype | None = None, linear_gemm: str = "aten") -> Tensor:
     """Summed cross-entropy of ``hidden @ weight.T + bias`` against ``targets``.
 
     hidden [N, H]; weight [V, H]; bias [V] or None; targets [N]. Rows whose
     target equals ``ignore_index`` (when >= 0) count zero. Returns a scalar.
     Runs in the weight's dtype (autocast is disabled inside; bf16 hidden is cast up).
-    ``chunk_rows`` bounds the rows of logits live at once (None: 256 in fp32,
-    a 64 MiB block with bf16 operands).
+    ``chunk_rows`` bounds the rows of logits live at once (None: 256 in fp32, 1024 in fp32 with
+    ``linear_gemm="onednn"``, a 64 MiB block with bf16 operands).
     ``gemm_dtype=torch.bfloat16`` runs the GEMMs on bf16 operands and keeps the
     softmax probabilities in bf16 (fp32 accumulation everywhere; loss and
     gradients returned in fp32): about 2x faster on CPUs with AVX512-BF16, with
-    bf16 rounding of logits, probabilities and gradients.
+    bf16 rounding of logits, probabilities and gradients. ``linear_gemm="onednn"``
+    takes the fp32 GEMMs from oneDNN on a CPU (:mod:`hotloop.ops.linear_gemm`).
     """
     return linear_token_loss(hidden, weight, bias, targets, ignore_index=ignore_index,
-                             chunk_rows=chunk_rows, gemm_dtype=gemm_dtype)[0]
+                             chunk_rows=chunk_rows, gemm_dtype=gemm_dtype, linear_gemm=linear_gemm)[0]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["LINEAR_GEMMS", "linear", "onednn_serves"]
+__all__ = ["LINEAR_GEMMS", "linear", "linear_grads", "onednn_serves"]
 
 #: ``Strategy.linear_gemm`` values: the BLAS's GEMM (``F.linear``), or oneDNN's
 LINEAR_GEMMS = ("aten", "onednn")
@@ -35,8 +35,23 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, gemm: str = "a
     serves the call. x [..., K], weight [N, K], bias [N] -> [..., N]."""
     if gemm != "onednn" or not onednn_serves(x, weight):
         return F.linear(x, weight, bias)
-    features = x.shape[-1]
-    pixels = x.reshape(1, -1, 1, features).permute(0, 3, 1, 2)               # [1, K, M, 1], channels-last
-    out = F.conv2d(pixels, weight.view(*weight.shape, 1, 1), bias)          # [1, N, M, 1], channels-last
+    out = F.conv2d(_pixels(x), weight.view(*weight.shape, 1, 1), bias)      # [1, N, M, 1], channels-last
     return out.permute(0, 2, 3, 1).reshape(*x.shape[:-1], weight.shape[0])  # [..., N], a view
+
+
+def linear_grads(grad_out: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(``grad_out @ weight``, ``grad_out.T @ x``): the input and weight gradients of
+    ``F.linear(x, weight)``, from oneDNN's convolution backward, without autograd.
+    grad_out [M, N], x [M, K], weight [N, K] -> [M, K], [N, K]; the caller checks
+    :func:`onednn_serves` for ``x`` and ``weight``."""
+    grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
+        _pixels(grad_out), _pixels(x), weight.view(*weight.shape, 1, 1), None, [1, 1], [0, 0], [1, 1],
+        False, [0, 0], 1, [True, True, False])                               # [1, K, M, 1], [N, K, 1, 1]
+    return grad_x.permute(0, 2, 3, 1).reshape(x.shape), grad_w.view(weight.shape)
+
+
+def _pixels(rows: Tensor) -> Tensor:
+    """[..., K] -> [1, K, M, 1]: the rows as the pixels of one channels-last map (a view when the
+    rows are dense)."""
+    return rows.reshape(1, -1, 1, rows.shape[-1]).permute(0, 3, 1, 2)
 

@@ -92,7 +92,7 @@ def test_a_user_model_trains_with_bits16_and_a_model_without_dropout_refuses_it(
     with pytest.raises(StrategyError, match="dropout_masks: Linear does not read this formulation field"):
         validate_for_model(BITS16, nn.Linear(2, 2))
     with pytest.raises(StrategyError, match="reads none; dropout_masks needs an nn.Dropout with p > 0"):
-        validate_for_model(BITS16, nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.0)))
+        validate_for_model(BITS16, nn.Sequential(nn.Conv2d(2, 2, 3), nn.Dropout(0.0)))
 
 
 def bert_tiny(dropout: float = 0.1) -> tuple[BERT, BertHParams]:

@@ -146,7 +146,7 @@ def test_strategy_takes_onednn_gemms_on_a_cpu_for_a_model_with_linear_layers() -
     validate_for_model(Strategy(linear_gemm="onednn"), _Net())
     with pytest.raises(StrategyError, match="linear_gemm=onednn needs a CPU with oneDNN"):
         Strategy(linear_gemm="onednn").validate("cuda")
-    with pytest.raises(StrategyError, match="linear_gemm needs an nn.Linear"):
+    with pytest.raises(StrategyError, match="linear_gemm needs an nn.Linear or nn.MultiheadAttention"):
         validate_for_model(Strategy(linear_gemm="onednn"), nn.Sequential(nn.Conv2d(3, 3, 3)))
 
 
@@ -158,3 +158,101 @@ def test_the_option_is_offered_for_linear_layers_and_proposed_for_cpu_steps_only
     gpu = HardwareInfo("cuda", 16, "test cpu", (), cuda_name="test gpu", cuda_capability=(9, 0))
     assert [p.changes for p in formulation_proposals([ONEDNN_LINEAR_OPTION], cpu)] == [{"linear_gemm": "onednn"}]
     assert formulation_proposals([ONEDNN_LINEAR_OPTION], gpu) == []
+
+
+def _attention_inputs(batch_first: bool, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(query, key, value) for self-attention, key-is-value attention or three tensors."""
+    def seq(length: int) -> torch.Tensor:
+        return torch.randn(3, length, 16) if batch_first else torch.randn(length, 3, 16)
+    query = seq(5)
+    key = query if kind == "self" else seq(7)
+    return query, key, key if kind in ("self", "kv") else seq(7)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("kind", ["self", "kv", "separate"])
+@pytest.mark.parametrize("masks", ["none", "causal", "padding", "both"])
+def test_formulated_attention_is_torchs_attention_with_onednn_projections(batch_first, kind, masks) -> None:
+    torch.manual_seed(4)
+    plain = nn.MultiheadAttention(16, 4, batch_first=batch_first)
+    formulated = copy.deepcopy(plain)
+    assert use_linear_gemm(formulated, "onednn") == ["linear layers: onednn GEMMs in 1 nn.MultiheadAttention module"]
+    query, key, value = _attention_inputs(batch_first, kind)
+    source = key.shape[1] if batch_first else key.shape[0]
+    kwargs: dict = {"need_weights": False}
+    if masks in ("causal", "both"):
+        kwargs["attn_mask"] = (nn.Transformer.generate_square_subsequent_mask(5) if kind == "self"
+                               else torch.zeros(5, source))
+        kwargs["is_causal"] = kind == "self"
+    if masks in ("padding", "both"):
+        padding = torch.zeros(3, source)
+        padding[0, -2:] = float("-inf")
+        kwargs["key_padding_mask"] = padding
+    ref = plain(query, key, value, **kwargs)[0]
+    with _AtenOps() as ops:
+        got = formulated(query, key, value, **kwargs)[0]
+        got.square().sum().backward()
+    ref.square().sum().backward()
+    assert "convolution" in ops.names and "convolution_backward" in ops.names and not ops.names & {"mm", "addmm"}
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(formulated.parameters(), plain.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_formulated_attention_draws_torchs_dropout_and_leaves_other_calls_to_torch() -> None:
+    torch.manual_seed(5)
+    plain = nn.MultiheadAttention(32, 4, dropout=0.3, batch_first=True)
+    formulated = copy.deepcopy(plain)
+    use_linear_gemm(formulated, "onednn")
+    x = torch.randn(2, 6, 32)
+    torch.manual_seed(9)
+    ref = plain(x, x, x, need_weights=False)[0]
+    torch.manual_seed(9)
+    got = formulated(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)             # the same units dropped
+    for call in (lambda m: m(x, x, x)[0], lambda m: m.eval()(x, x, x, need_weights=False)[0]):
+        with torch.no_grad(), _AtenOps() as ops:                             # weights asked for; inference
+            torch.manual_seed(9)
+            mine = call(formulated)
+        torch.manual_seed(9)
+        with torch.no_grad():
+            assert torch.equal(mine, call(plain)) and "convolution" not in ops.names
+    use_linear_gemm(formulated, "aten")
+    assert type(formulated) is nn.MultiheadAttention and "gemm" not in formulated.__dict__
+
+
+@pytest.mark.parametrize("rows", [40, 1100])
+def test_fused_cross_entropy_takes_its_gemms_from_onednn(rows: int) -> None:
+    from hotloop.models.fused_ce import ONEDNN_CHUNK_ROWS, linear_token_loss
+    torch.manual_seed(6)
+    hidden, weight, bias = torch.randn(rows, 12), torch.randn(30, 12) * 0.3, torch.randn(30)
+    targets = torch.randint(0, 30, (rows,))
+    targets[::7] = 0                                                     # ignored rows
+
+    def run(gemm: str):
+        leaves = [t.detach().clone().requires_grad_() for t in (hidden, weight, bias)]
+        with _AtenOps() as ops:
+            loss, nll = linear_token_loss(*leaves, targets, label_smoothing=0.1, ignore_index=0, linear_gemm=gemm)
+            loss.backward()
+        return [loss.detach(), nll] + [t.grad for t in leaves], ops.names
+    ref, ref_ops = run("aten")
+    got, ops = run("onednn")
+    assert "convolution" in ops and "convolution_backward" in ops and not ops & {"mm", "addmm"}
+    assert "convolution" not in ref_ops
+    assert rows < ONEDNN_CHUNK_ROWS or rows > ONEDNN_CHUNK_ROWS              # one chunk, or a weight gradient summed over two
+    for a, r in zip(got, ref):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
+
+
+def test_a_models_fused_loss_reads_the_gemms_from_its_formulation() -> None:
+    from hotloop.models.base import fused_token_stats
+    from hotloop.models.formulation import Formulation
+    torch.manual_seed(8)
+    hidden, weight, targets = torch.randn(20, 8, requires_grad=True), torch.randn(30, 8), torch.randint(1, 30, (20,))
+    losses = {}
+    for gemm in ("aten", "onednn"):
+        with _AtenOps() as ops:
+            losses[gemm] = fused_token_stats(hidden, weight, None, targets, Formulation(fused_ce=True, linear_gemm=gemm),
+                                             training=True, examples=4)[0]
+        assert ("convolution" in ops.names) == (gemm == "onednn")
+    torch.testing.assert_close(losses["onednn"], losses["aten"], rtol=1e-5, atol=1e-5)
