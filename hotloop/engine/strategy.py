@@ -191,9 +191,11 @@ class Strategy:
             raise StrategyError("strategy executor=parallel runs captured graphs: set backend=graph")
         if device.type == "cuda" and not self.onednn:
             raise StrategyError("strategy onednn=False applies to CPU only (running on cuda)")
-        if self.linear_gemm == "onednn" and (device.type != "cpu" or not torch.backends.mkldnn.is_available()):
-            raise StrategyError(f"strategy linear_gemm=onednn needs a CPU with oneDNN (running on {device.type}"
-                                f"{'' if device.type != 'cpu' else ', a torch built without oneDNN'})")
+        if self.linear_gemm == "onednn" and (device.type != "cpu" or not torch.backends.mkldnn.is_available()
+                                             or not self.onednn):
+            why = ("running on " + device.type if device.type != "cpu" else
+                   "onednn=False turns it off" if not self.onednn else "this torch is built without oneDNN")
+            raise StrategyError(f"strategy linear_gemm=onednn needs a CPU with oneDNN ({why})")
         if device.type == "cuda" and self.precision == "bf16" and not torch.cuda.is_bf16_supported():
             raise StrategyError("strategy precision=bf16: this CUDA device has no bf16 support; use fp16")
         if self.graph_passes and self.backend != "graph":

@@ -21,13 +21,15 @@ __all__ = ["LINEAR_GEMMS", "linear", "linear_grads", "onednn_serves"]
 
 #: ``Strategy.linear_gemm`` values: the BLAS's GEMM (``F.linear``), or oneDNN's
 LINEAR_GEMMS = ("aten", "onednn")
+#: whether this torch has oneDNN (read once: a compiled step traces no call to ask it)
+_HAS_ONEDNN = torch.backends.mkldnn.is_available()
 
 
 def onednn_serves(x: Tensor, weight: Tensor) -> bool:
     """Whether oneDNN computes ``F.linear(x, weight)`` here (the module doc's conditions)."""
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.dtype == weight.dtype
             and weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1] and x.numel() > 0
-            and torch.backends.mkldnn.is_available())
+            and _HAS_ONEDNN)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, gemm: str = "aten") -> Tensor:

@@ -37,3 +37,10 @@ def test_update_in_storage_order_matches_torchs_bitwise() -> None:
     row = layout_row("yolov3", rounds=1, block=2)
     assert row["equal"] and row["non_contiguous"] > 0
     assert set(row["update_ms"]) == {"torch", "ordered"}
+
+
+def test_linear_gemm_rows_time_the_same_layer_both_ways() -> None:
+    from linear_gemm import case_row
+    row = case_row("tiny", 64, 32, 48, repeats=1)
+    assert row["blas_ms"] > 0 and row["onednn_ms"] > 0 and row["speedup"] == row["blas_ms"] / row["onednn_ms"]
+    assert row["max_out_rel_diff"] < 1e-5 and row["max_wgrad_rel_diff"] < 1e-5   # the same layer, reordered sums

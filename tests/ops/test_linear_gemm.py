@@ -146,6 +146,8 @@ def test_strategy_takes_onednn_gemms_on_a_cpu_for_a_model_with_linear_layers() -
     validate_for_model(Strategy(linear_gemm="onednn"), _Net())
     with pytest.raises(StrategyError, match="linear_gemm=onednn needs a CPU with oneDNN"):
         Strategy(linear_gemm="onednn").validate("cuda")
+    with pytest.raises(StrategyError, match=r"linear_gemm=onednn needs a CPU with oneDNN \(onednn=False turns it off\)"):
+        Strategy(linear_gemm="onednn", onednn=False).validate("cpu")
     with pytest.raises(StrategyError, match="linear_gemm needs an nn.Linear or nn.MultiheadAttention"):
         validate_for_model(Strategy(linear_gemm="onednn"), nn.Sequential(nn.Conv2d(3, 3, 3)))
 
@@ -256,3 +258,15 @@ def test_a_models_fused_loss_reads_the_gemms_from_its_formulation() -> None:
                                              training=True, examples=4)[0]
         assert ("convolution" in ops.names) == (gemm == "onednn")
     torch.testing.assert_close(losses["onednn"], losses["aten"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_step_traces_the_formulated_modules_without_graph_breaks() -> None:
+    import torch._dynamo as dynamo
+    layers = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    attention = nn.MultiheadAttention(16, 4, batch_first=True)
+    use_linear_gemm(layers, "onednn")
+    use_linear_gemm(attention, "onednn")
+    q = torch.randn(2, 5, 16)
+    for fn, args in ((layers, (torch.randn(5, 8),)), (lambda q: attention(q, q, q, need_weights=False)[0], (q,))):
+        explained = dynamo.explain(fn)(*args)
+        assert explained.graph_break_count == 0, [str(r.reason)[:200] for r in explained.break_reasons]
