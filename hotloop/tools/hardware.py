@@ -15,10 +15,12 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..ops.cpu_isa import cpu_isa
+from ..ops.linear_gemm import linear
 
 __all__ = ["HardwareInfo", "detect_hardware", "GemmPeak", "gemm_peak", "cache_dir", "machine_header"]
 
@@ -101,8 +103,8 @@ def detect_hardware(device: torch.device | str = "cpu") -> HardwareInfo:
 
 @dataclass(frozen=True)
 class GemmPeak:
-    fp32_flops: float   # FLOP/s of a square fp32 matmul
-    bf16_flops: float   # FLOP/s of a square bf16 matmul (0 when unsupported)
+    fp32_flops: float   # FLOP/s of a square fp32 matmul, the faster of the BLAS's and oneDNN's on a CPU
+    bf16_flops: float   # FLOP/s of a square bf16 matmul (0 when unsupported), likewise
     size: int
     threads: int
 
@@ -113,16 +115,26 @@ class GemmPeak:
 
 
 def _time_matmul(n: int, dtype: torch.dtype, device: torch.device, seconds: float) -> float:
+    """FLOP/s of an [n, n] @ [n, n] product: ``torch.mm``, and on a CPU also oneDNN's
+    (``linear_gemm="onednn"``, which a step can use), whichever is faster."""
     a = torch.randn(n, n, device=device).to(dtype)       # [n, n]
     b = torch.randn(n, n, device=device).to(dtype)       # [n, n]
+    products: list[Callable[[], torch.Tensor]] = [lambda: torch.mm(a, b)]
+    if device.type == "cpu":
+        b_rows = b.t().contiguous()                       # [n, n] as a linear layer's weight
+        products.append(lambda: linear(a, b_rows, None, "onednn"))
+    return max(_flops(product, n, device, seconds) for product in products)
+
+
+def _flops(product: Callable[[], torch.Tensor], n: int, device: torch.device, seconds: float) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    torch.mm(a, b)
+    product()
     sync()
     times: list[float] = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(times) < 3:
         start = time.perf_counter()
-        torch.mm(a, b)
+        product()
         sync()
         times.append(time.perf_counter() - start)
     best = sorted(times)[len(times) // 4]                  # lower quartile: robust to shared cores
@@ -139,12 +151,13 @@ def _busy(cores: int) -> bool:
 
 def gemm_peak(hw: HardwareInfo | None = None, *, use_cache: bool = True,
               seconds: float = 0.3) -> GemmPeak:
-    """Measured matmul peak of this machine (cached per hardware + threads + torch version)."""
+    """Measured matmul peak of this machine: the faster of the BLAS's and oneDNN's square product
+    on a CPU (cached per hardware + threads + torch version)."""
     hw = hw or detect_hardware()
     device = torch.device("cuda" if hw.device == "cuda" else "cpu")
     threads = torch.get_num_threads()
     size = 4096 if hw.device == "cuda" else 512
-    path = cache_dir() / f"gemm_peak_{hw.fingerprint()}_{threads}t_{torch.__version__}.json"
+    path = cache_dir() / f"gemm_peak_best_{hw.fingerprint()}_{threads}t_{torch.__version__}.json"
     if use_cache and path.exists():
         try:
             data = json.loads(path.read_text())

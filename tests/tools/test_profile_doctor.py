@@ -121,3 +121,16 @@ def test_a_conv_heavy_fp32_step_is_advised_bf16_and_channels_last(tiny_model, co
     assert recs["Strategy.channels_last"].value == "True"
     no_bf16 = {r.setting for r in recommend(report, HardwareInfo("cpu", 2, "t", ()), GemmPeak(1e11, 3e11, 512, 2))}
     assert "Strategy.precision" not in no_bf16
+
+
+def test_the_cpu_gemm_peak_is_the_faster_of_the_blas_and_onednn(monkeypatch) -> None:
+    import hotloop.tools.hardware as hardware
+    timed = []
+
+    def fake_flops(product, n, device, seconds):  # noqa: ANN001
+        out = product()
+        timed.append(out)
+        return [3e11, 5e11][len(timed) - 1]
+    monkeypatch.setattr(hardware, "_flops", fake_flops)
+    assert hardware._time_matmul(8, torch.float32, torch.device("cpu"), 0.0) == 5e11   # oneDNN's, the faster here
+    torch.testing.assert_close(timed[1], timed[0], rtol=1e-5, atol=1e-5)               # the same product both ways
