@@ -9,7 +9,7 @@ gives the two other GEMMs. oneDNN picks its kernels by the instructions it finds
 wider than the BLAS's (MKL runs AVX2 code on AMD CPUs with AVX-512), the three GEMMs of a layer run
 faster. ``"onednn"`` is the same sum in another order (fp32 rounding); autocast casts the
 convolution as it casts a linear layer. Calls oneDNN does not serve (other devices, dtypes other
-than fp32 and bf16, empty inputs) stay ``F.linear``.
+than fp32 and bf16, a weight not stored row by row, empty inputs) stay ``F.linear``.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ _HAS_ONEDNN = torch.backends.mkldnn.is_available()
 def onednn_serves(x: Tensor, weight: Tensor) -> bool:
     """Whether oneDNN computes ``F.linear(x, weight)`` here (the module doc's conditions)."""
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.dtype == weight.dtype
-            and weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1] and x.numel() > 0
-            and _HAS_ONEDNN)
+            and weight.dim() == 2 and weight.is_contiguous() and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
+            and x.numel() > 0 and _HAS_ONEDNN)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, gemm: str = "aten") -> Tensor:

@@ -14,6 +14,10 @@ it unmeasured. ``all not slower`` is timed after the compiles, in what they leav
 on a slow step both may not fit, and its gain over ``all faster`` is within noise by definition.
 A proposal that measured slower alone (with 90% confidence) never enters a combination, so one
 slow setting (a thread count, a layout the model does not like) cannot hide the gain of the others.
+A proposal timed with the settings of another (a formulation timed in the layout it is written
+for: the 1x1 GEMM in ``channels_last``) is judged against that one as well as eager: it is faster
+only if it beats both (:func:`judged_against`), so the layout's gain does not carry a formulation
+that is slower than the layout alone into the combination.
 
 Between the stages, a proposal that tied with eager alone (its 80% interval of the paired ratio
 holds 1) gets more rounds (:func:`extend_ties`), a chunk at a time, until its interval leaves 1
@@ -32,12 +36,12 @@ from typing import Callable, Sequence
 
 from ..engine.strategy import Strategy
 from .proposals import Proposal, combine
-from .ranking import against
+from .ranking import against, holds
 from .significance import Comparison
 from .trials import Budget, Trial, TrialRunner
 
 __all__ = ["ALL_FASTER", "ALL_NOT_SLOWER", "TIE_ROUNDS_FACTOR", "stage_one", "stage_two", "faster_labels",
-           "not_slower_labels", "undecided", "stage_two_price", "extend_ties", "run_in_stages"]
+           "not_slower_labels", "judged_against", "undecided", "stage_two_price", "extend_ties", "run_in_stages"]
 
 ALL_FASTER = "all faster"
 ALL_NOT_SLOWER = "all not slower"
@@ -67,20 +71,33 @@ def stage_two(timed: Sequence[Proposal], faster: Sequence[str], not_slower: Sequ
     return out
 
 
-def _ratios(trials: Sequence[Trial], reference: Trial) -> list[tuple[str, Comparison]]:
-    """Each measured trial's label and paired comparison with ``reference``."""
-    return [(t.label, against(t, reference)) for t in trials if t.measured and t is not reference]
+def judged_against(trial: Trial, trials: Sequence[Trial], reference: Trial) -> list[Trial]:
+    """What ``trial`` must beat: ``reference``, and the measured trial of the most settings whose
+    settings ``trial`` holds, and more (the layout a formulation is timed in), when there is one."""
+    inner = [t for t in trials if t.measured and t is not trial and t is not reference
+             and holds(trial, t, reference.strategy)]
+    if not inner:
+        return [reference]
+    return [reference, max(inner, key=lambda t: len(t.strategy.changes_from(reference.strategy)))]
+
+
+def _ratios(trials: Sequence[Trial], reference: Trial) -> list[tuple[str, list[Comparison]]]:
+    """Each measured trial's label and paired comparisons with what it is judged against."""
+    return [(t.label, [against(t, other) for other in judged_against(t, trials, reference)])
+            for t in trials if t.measured and t is not reference]
 
 
 def faster_labels(trials: Sequence[Trial], reference: Trial) -> list[str]:
-    """Labels of the measured trials whose paired ratio to ``reference`` is below 1."""
-    return [label for label, c in _ratios(trials, reference) if c.ratio < 1.0]
+    """Labels of the measured trials whose paired ratio to ``reference``, and to the trial whose
+    settings they hold (:func:`judged_against`), is below 1."""
+    return [label for label, cs in _ratios(trials, reference) if all(c.ratio < 1.0 for c in cs)]
 
 
 def not_slower_labels(trials: Sequence[Trial], reference: Trial) -> list[str]:
-    """Labels of the measured trials not slower than ``reference`` with 90% confidence (the lower bound
-    of the paired ratio at most 1; by medians, the ratio itself): the faster ones and the ties."""
-    return [label for label, c in _ratios(trials, reference) if c.lower <= 1.0]
+    """Labels of the measured trials not slower than ``reference`` (nor than the trial whose settings
+    they hold) with 90% confidence (the lower bound of the paired ratio at most 1; by medians, the
+    ratio itself): the faster ones and the ties."""
+    return [label for label, cs in _ratios(trials, reference) if all(c.lower <= 1.0 for c in cs)]
 
 
 def undecided(trials: Sequence[Trial], reference: Trial, cap: int) -> list[Trial]:

@@ -73,6 +73,10 @@ def test_calls_onednn_does_not_serve_stay_f_linear_bitwise() -> None:
     assert all(torch.equal(a, r) for a, r in zip(got[:4], ref[:4])) and "convolution" not in got[4]
     empty = linear(torch.randn(0, 6), torch.randn(3, 6), None, "onednn")
     assert empty.shape == (0, 3)
+    columns = torch.randn(6, 3).t()                                      # [3, 6], stored column by column
+    with _AtenOps() as ops:
+        by_columns = linear(torch.randn(4, 6), columns, None, "onednn")
+    assert by_columns.shape == (4, 3) and "convolution" not in ops.names
     x32, w32 = torch.randn(4, 6), torch.randn(3, 6)
     assert torch.equal(linear(x32, w32, None, "aten"), F.linear(x32, w32))
 

@@ -252,3 +252,23 @@ def test_stage_two_is_priced_at_eager_steps_plus_compiles_and_eager_rounds_per_p
     compiled = Trial("inductor", base.replace(backend="inductor"), "t", compile_cost=40.0)
     assert stage_two_price([], reference, 2, 10) == 0.0
     assert abs(stage_two_price([eager, compiled], reference, 2, 10) - (2 * 12 * 0.1 + 40.0 + 2 * 10 * 0.1)) < 1e-9
+
+
+def test_a_formulation_timed_in_a_layout_must_beat_the_layout_alone_to_join_the_combination():
+    # DeepLabV3+ (bf16 zoo run): channels_last alone 42.4 ms, the 1x1 GEMM timed in channels_last
+    # 43.0 ms, eager 48.0 ms: the GEMM is faster than eager only through the layout
+    def trial(label: str, changes: dict, times: list[float]) -> Trial:
+        measured = _measured(label, times)
+        measured.strategy = baseline_strategy().replace(**changes)
+        return measured
+    reference = trial("eager", {}, [0.0480, 0.0482, 0.0478, 0.0481, 0.0479, 0.0480])
+    layout = trial("channels_last", {"channels_last": True}, [0.0424, 0.0426, 0.0422, 0.0425, 0.0423, 0.0424])
+    gemm = trial("pointwise_conv=gemm", {"channels_last": True, "pointwise_conv": "gemm"},
+                 [0.0430, 0.0432, 0.0428, 0.0431, 0.0429, 0.0430])
+    norm = trial("instance_norm=per_sample", {"channels_last": True, "instance_norm": "per_sample"},
+                 [0.0400, 0.0402, 0.0398, 0.0401, 0.0399, 0.0400])
+    trials = [reference, layout, gemm, norm]
+    assert faster_labels(trials, reference) == ["channels_last", "instance_norm=per_sample"]
+    assert not_slower_labels(trials, reference) == ["channels_last", "instance_norm=per_sample"]
+    slow_layout = trial("channels_last", {"channels_last": True}, [0.0500, 0.0502, 0.0498, 0.0501, 0.0499, 0.0500])
+    assert faster_labels([reference, slow_layout, gemm], reference) == ["pointwise_conv=gemm"]   # beats both
