@@ -162,6 +162,14 @@ class Strategy:
         object.__setattr__(self, "_checked_for", device)   # not a field: equality and to_dict ignore it
         return self
 
+    def _onednn_gemm_blocked(self, device: torch.device) -> str:
+        """Why oneDNN cannot serve ``linear_gemm=onednn`` here ("" when it can)."""
+        if device.type != "cpu":
+            return f"running on {device.type}"
+        if not self.onednn:
+            return "onednn=False turns it off"
+        return "" if torch.backends.mkldnn.is_available() else "this torch is built without oneDNN"
+
     def _check(self, device: torch.device) -> None:
         """Every check of :meth:`validate` (raises :class:`StrategyError`)."""
         choices = {"backend": ("eager", "graph", "inductor"), "executor": ("serial", "parallel"),
@@ -191,10 +199,7 @@ class Strategy:
             raise StrategyError("strategy executor=parallel runs captured graphs: set backend=graph")
         if device.type == "cuda" and not self.onednn:
             raise StrategyError("strategy onednn=False applies to CPU only (running on cuda)")
-        if self.linear_gemm == "onednn" and (device.type != "cpu" or not torch.backends.mkldnn.is_available()
-                                             or not self.onednn):
-            why = ("running on " + device.type if device.type != "cpu" else
-                   "onednn=False turns it off" if not self.onednn else "this torch is built without oneDNN")
+        if self.linear_gemm == "onednn" and (why := self._onednn_gemm_blocked(device)):
             raise StrategyError(f"strategy linear_gemm=onednn needs a CPU with oneDNN ({why})")
         if device.type == "cuda" and self.precision == "bf16" and not torch.cuda.is_bf16_supported():
             raise StrategyError("strategy precision=bf16: this CUDA device has no bf16 support; use fp16")

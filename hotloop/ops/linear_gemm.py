@@ -6,7 +6,7 @@ pixels of one channels-last map and the weight is a 1x1 kernel:
 ``x [M, K] @ weight.T [K, N] + bias`` is ``conv2d(x as [1, K, M, 1], weight as [N, K, 1, 1], bias)``,
 with no copy of ``x``, the weight or the result. Its backward (oneDNN's data and weight gradients)
 gives the two other GEMMs. oneDNN picks its kernels by the instructions it finds; where they are
-wider than the BLAS's (MKL runs AVX2 code on AMD CPUs with AVX-512), the three GEMMs of a layer run
+wider than the BLAS's (MKL takes its generic path on the AMD EPYC with AVX-512 measured), the three GEMMs of a layer run
 faster. ``"onednn"`` is the same sum in another order (fp32 rounding); autocast casts the
 convolution as it casts a linear layer. Calls oneDNN does not serve (other devices, dtypes other
 than fp32 and bf16, a weight not stored row by row, empty inputs) stay ``F.linear``.

@@ -38,26 +38,19 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.process_settings import apply_process_settings
-from ..engine.conv_formulations import conv_formulation_options
-from ..engine.dropout_masks import with_dropout_option
-from ..engine.linear_formulations import linear_gemm_options
-from ..engine.norm_formulations import instance_norm_options
 from ..engine.compiled_networks import network_types
 from ..engine.program import model_phases
 from ..engine.parity import REFERENCE, ParityCase, changes_random_stream, check_parity
 from ..engine.strategy import Strategy
-from ..errors import UserError
 from ..hparams import HParams
-from ..models.formulation import FormulationOption
-from ..optim import build_optimizer
 from ..problems.base import Batch, Problem
 from .compile_prices import next_compile_prices, record_compile
 from .hardware import HardwareInfo, detect_hardware
 from .isolation import applied_strategy, preserved_process_state
 from .model_facts import ModelFacts, analyze_model, counting, initial_state_for
 from .proposals import Proposal, ReaderFacts, baseline_strategy, propose, reduced_precision
+from .formulation_candidates import clip_foldable, formulation_options
 from .feed_trial import FEED_STEPS, confirm_feeding, worth_timing
 from .reader_trial import confirm_workers
 from .ranking import NOT_REACHED, against, is_switch, judging_order
@@ -104,27 +97,6 @@ def _record_compiles(key: dict, trials: Sequence[Trial]) -> None:
         stats = getattr(getattr(getattr(trial.runner, "step", None), "backend", None), "compile_stats", None)
         if stats is not None:
             record_compile(key, trial.strategy.backend, stats)
-
-
-def _formulation_options(model: nn.Module) -> list[FormulationOption]:
-    """The model's own options and the engine's for its nn.Dropout (engine/dropout_masks.py), dilated
-    and 1x1 nn.Conv2d (engine/conv_formulations.py), nn.InstanceNorm2d (engine/norm_formulations.py)
-    and nn.Linear (engine/linear_formulations.py)."""
-    options = getattr(model, "formulation_options", None)
-    return (with_dropout_option(list(options()) if callable(options) else [], model)
-            + conv_formulation_options(model) + instance_norm_options(model) + linear_gemm_options(model))
-
-
-def _clip_foldable(hp: HParams, device: torch.device) -> bool:
-    """Whether the clip factor can fold into the learning rate (engine/clipping.py's conditions)."""
-    if hp.max_grad_norm <= 0:
-        return False
-    probe = torch.nn.Parameter(torch.zeros(1))
-    try:
-        optimizer = build_optimizer([probe], hp, fused=False)
-    except (UserError, ValueError, TypeError):   # an optimizer that cannot be built: the trials say why
-        return False
-    return clip_via_lr_unavailable(optimizer, device) is None
 
 
 def _load_average() -> float:
@@ -341,8 +313,8 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         compile_costs = next_compile_prices(key, facts.compiled_ops)
         proposals = propose(facts, hw, reader, base=baseline_s, available_backends=_engine_backends(model),
                             planned_seconds=planned_run_s, compile_costs=compile_costs, load=load,
-                            formulations=_formulation_options(model),
-                            clip_foldable=_clip_foldable(hp, device),
+                            formulations=formulation_options(model),
+                            clip_foldable=clip_foldable(hp, device),
                             allow_reduced_precision=allow_reduced_precision)
         extra = [p for p in extra_proposals if allow_reduced_precision or not reduced_precision(p.apply(baseline_s))]
         proposals = extra + proposals          # the caller's own candidates first

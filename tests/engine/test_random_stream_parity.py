@@ -15,7 +15,7 @@ from hotloop.engine.strategy import Strategy
 from hotloop.models.base import LossOutput
 from hotloop.ops import dropout as dropout_ops
 from hotloop.testing import model_case
-from hotloop.tools.autotune import _formulation_options
+from hotloop.tools.formulation_candidates import formulation_options as _formulation_options
 from hotloop.tools.hardware import HardwareInfo
 from hotloop.tools.proposals import formulation_proposals
 from test_dropout_masks import bert_batch, bert_tiny

@@ -208,7 +208,7 @@ def test_channels_last_cyclegan_gets_the_gradients_of_the_contiguous_model(batch
 
 def test_the_tuner_times_the_option_for_cyclegan_in_channels_last() -> None:
     from hotloop.compose.build import build_run
-    from hotloop.tools.autotune import _formulation_options
+    from hotloop.tools.formulation_candidates import formulation_options as _formulation_options
     from hotloop.tools.hardware import HardwareInfo
     from hotloop.tools.proposals import formulation_proposals
     gan = build_run("shapes_unpaired", "cyclegan", "cyclegan_small",
