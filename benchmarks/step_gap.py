@@ -52,7 +52,8 @@ from hotloop.problems.base import open_reader  # noqa: E402
 from hotloop.tools.hardware import machine_header  # noqa: E402
 from hotloop.tools.isolation import applied_strategy, preserved_process_state  # noqa: E402
 from expert_loop import PRECISIONS, ExpertLoop, ExpertSettings, expert_settings  # noqa: E402
-from zoo import MODEL_OF, SIZES, SMOKE_DEFAULT, SMOKE_OVERRIDES, Endless, HotloopLoop, _timed_block  # noqa: E402
+from zoo import MODEL_OF, SIZES, SMOKE_DEFAULT, SMOKE_OVERRIDES  # noqa: E402
+from zoo_loops import Endless, HotloopLoop, timed_block  # noqa: E402
 from zoo_stats import paired_speedup, ratio_text, round_order  # noqa: E402
 
 __all__ = ["matching_strategy", "gap_row", "main"]
@@ -151,7 +152,7 @@ def gap_row(name: str, device: torch.device, *, size: str = "small", precision: 
                 for key in (keys[i] for i in round_order(len(keys), r)):
                     if r == 0:
                         torch.manual_seed(0)                   # the same dropout draws in every warm-up block
-                    seconds = _timed_block(loops[key], block, device, flags.get(key))
+                    seconds = timed_block(loops[key], block, device, flags.get(key))
                     if r > 0:                                      # round 0 warms up
                         times[key].append(seconds)
     finally:

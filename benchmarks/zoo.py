@@ -16,9 +16,11 @@ For each model, in ONE process and on the same model, batch and data:
 - **expert_twin** (``--control``): a second expert loop, its starting weights moved by about one
   fp32 ulp (:func:`hotloop.tools.trajectory.perturb_weights`); its time ratio to the expert
   (``control_vs_expert``, ``control_paired``) is what the table gives for no difference at all, and
-  its last-block loss's relative difference from the expert's (``control_loss_rel_diff``) is what
-  rounding alone moves the loss by over the run (the chaos floor at this length);
-- **hotloop**: ``auto_strategy`` (timed separately, reported as ``tune_seconds``; ``--strategy K=V,...``:
+  its loss's relative difference from the expert's (``control_loss_rel_diff``) is what rounding alone
+  moves the loss by over the run (the chaos floor at this length); ``--control`` also trains
+  **plain_twin**, the naive loop from the same one-ulp-moved weights, untimed, for
+  ``naive_floor_rel_diff``: the same floor for the comparison with the naive loop;
+- **hotloop**: ``auto_strategy`` (timed separately: ``tune_seconds``, and ``tune_share`` of a 10,000-step run; ``--strategy K=V,...``:
   that Strategy instead, untuned, after the process settings the tuner makes), then the
   Trainer's step (``build_step``) fed by the Trainer's feeder (prefetch, workers), reading the
   loss every ``sync_every`` steps; the strategy's process-wide flags (threads, ...) are set
@@ -32,14 +34,16 @@ formulation), so the table shows what the engine gives beyond precision; ``--pre
 All start from the same weights. Blocks of ``--block`` steps are interleaved after a warm-up
 block each, in the orders of a balanced Latin square (:func:`zoo_stats.round_order`: every
 contender in every position and after every other equally often); samples/s come from the median block. Quality: the
-mean loss over each contender's last block; ``loss_rel_diff`` compares hotloop's with the
-plain loop's. MFU = FLOPs per step (counted by torch's FlopCounterMode) / step time / the
+mean loss over each contender's last ``--quality-window`` steps (default: one block) once each has
+taken ``--quality-steps`` steps (default: the timed ones; further steps run untimed after the
+timing, ``benchmarks/zoo_loops.py``); ``loss_rel_diff`` compares hotloop's with the plain loop's.
+MFU = FLOPs per step (counted by torch's FlopCounterMode) / step time / the
 measured GEMM peak at the contender's precision. ``--smoke`` checks the script, not speed:
 the smallest batch of each model, one timed block of two steps, a short tuning cap. The
 tuner's report (its table of trials) is printed under each model's ``auto:`` line.
 
     HOTLOOP_RAW_ROOT=DIR python benchmarks/zoo.py [--models a,b] [--precision auto|fp32] [--compile] [--control]
-        [--json FILE] [--device cpu|cuda] [--smoke]
+        [--quality-steps N] [--quality-window K] [--json FILE] [--device cpu|cuda] [--smoke]
 
 JSON: ``{"rows": [{"model", "batch", "input_size", "plain_samples_per_s", "expert_samples_per_s",
 "hotloop_samples_per_s", "speedup" (= "speedup_vs_naive"), "speedup_vs_expert", "settings",
@@ -54,7 +58,6 @@ the twin.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import statistics
@@ -62,7 +65,7 @@ import sys
 import time
 from pathlib import Path
 from dataclasses import replace
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import hotloop  # noqa: E402,F401 - declares the registry names
-from hotloop.engine import Strategy, build_step  # noqa: E402
+from hotloop.engine import Strategy  # noqa: E402
 from hotloop.engine.process_settings import apply_process_settings  # noqa: E402
 from hotloop.problems.base import open_reader  # noqa: E402
 from hotloop.tools.hardware import detect_hardware, gemm_peak, machine_header  # noqa: E402
@@ -79,10 +82,10 @@ from hotloop.tools.model_facts import analyze_model  # noqa: E402
 from hotloop.tools.trajectory import perturb_weights  # noqa: E402
 from hotloop.compose.build import build_run  # noqa: E402
 from hotloop.data import to_device  # noqa: E402
-from hotloop.train.feeding import DataFeeder  # noqa: E402
 from hotloop.tools.tune_budget import DEFAULT_MAX_SECONDS  # noqa: E402
 from hotloop.compose.plan import auto_strategy  # noqa: E402
 from expert_loop import PRECISIONS, ExpertLoop, PlainLoop, expert_settings, plain_settings  # noqa: E402
+from zoo_loops import Endless, HotloopLoop, timed_block, train_untimed, window_loss  # noqa: E402,F401
 from zoo_stats import cpu_flags, geomean, paired_speedup, print_table, round_order, verdicts  # noqa: E402,F401
 
 # model -> (problem, hparams set, overrides): the small CPU configurations; the same for both contenders
@@ -107,6 +110,8 @@ ZOO_FULL: dict[str, tuple[str, str, str]] = {
     "mask_rcnn": ("detection_shapes", "mask_rcnn_base", "batch_size=4"),     # 800 px
 }
 SIZES = {"small": ZOO, "full": ZOO_FULL}
+#: the run the tuner plans for; ``tune_share`` is tuning's part of tuning plus that run at hotloop's step
+PLANNED_STEPS = 10_000
 MODEL_OF = {"transformer_base": "transformer"}
 #: --smoke: the smallest batch of each model (checks the script; the numbers mean nothing)
 SMOKE_OVERRIDES: dict[str, str] = {"transformer_base": "batch_tokens=256"}
@@ -122,88 +127,18 @@ def _input_size(batch: dict[str, torch.Tensor]) -> str:
     return "x".join(str(d) for d in first.shape[1:])
 
 
-class Endless:
-    """Batches of ``reader`` forever (next epoch when one ends), on ``device`` (through pinned
-    memory, asynchronously, when ``pin``)."""
-
-    def __init__(self, reader: Any, device: torch.device, pin: bool = False) -> None:
-        self.reader, self.device, self.pin, self.epoch = reader, device, pin, 0
-        self.it = iter(reader)
-
-    def next(self) -> dict[str, torch.Tensor]:
-        batch = next(self.it, None)
-        if batch is None:
-            self.epoch += 1
-            self.reader.set_epoch(self.epoch)
-            self.it = iter(self.reader)
-            batch = next(self.it)
-        return to_device(batch, self.device, pin=self.pin)
-
-    def close(self) -> None:
-        """End the reader's worker processes, if it has any."""
-        close = getattr(self.reader, "close", None)
-        if callable(close):
-            close()
-
-
-class HotloopLoop:
-    """The Trainer's step and feeder under the auto strategy; the loss is read every sync_every steps."""
-
-    def __init__(self, model: torch.nn.Module, run: Any, strategy: Strategy, device: torch.device) -> None:
-        self.strategy, self.device = strategy, device
-        self.built = build_step(model.train(), run.hp, strategy)
-        reader = open_reader(run.problem, "train", run.hp, workers=strategy.num_workers)
-        self.feeder = DataFeeder(reader, device, strategy.prefetch)
-        self.epoch = 0
-        self.feeder.start_epoch(0)
-        self.pending: list[torch.Tensor] = []
-        self.losses: list[float] = []
-        self.accum = max(1, run.hp.accum_steps)
-
-    def step(self) -> None:
-        batches = self.feeder.next_step(self.accum)
-        if batches is None:
-            self.feeder.finish_epoch()
-            self.epoch += 1
-            self.feeder.start_epoch(self.epoch)
-            batches = self.feeder.next_step(self.accum)
-        result = self.built.step(batches)
-        self.pending.append(result.loss)
-        if len(self.pending) >= self.strategy.sync_every:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.pending:
-            self.losses += [float(x) for x in torch.stack(self.pending).tolist()]
-            self.pending.clear()
-
-    def close(self) -> None:
-        self.feeder.close()
-
-
-def _timed_block(loop: Any, steps: int, device: torch.device,
-                 flags: Callable[[], ContextManager[None]] | None = None) -> float:
-    """Seconds per step of ``steps`` steps, the block's losses read back at its end."""
-    with flags() if flags else contextlib.nullcontext():
-        start = time.perf_counter()
-        for _ in range(steps):
-            loop.step()
-        loop.flush()                       # the block ends with everything read back
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) / steps
-
-
-def _last_block(losses: list[float], block: int) -> float:
-    return statistics.mean(losses[-block:])
-
-
 def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_seconds: float,
                 log: Any, *, precision: str = "auto", compile: bool = False,
                 overrides: str | None = None, size: str = "small", control: bool = False,
-                compile_tune_seconds: float | None = None, fixed: Strategy | None = None) -> dict[str, Any]:
+                compile_tune_seconds: float | None = None, fixed: Strategy | None = None,
+                quality_steps: int = 0, quality_window: int | None = None) -> dict[str, Any]:
     """One zoo row: every contender on ``name``'s model, interleaved blocks, medians (hotloop under
-    ``fixed`` when given, else under ``auto_strategy``)."""
+    ``fixed`` when given, else under ``auto_strategy``); each contender's loss is the mean over its
+    last ``quality_window`` steps (default: one block) once it has taken ``quality_steps`` steps
+    (default and at least: the timed ones; the rest untimed)."""
+    steps_each = (rounds + 1) * block
+    horizon = max(steps_each, quality_steps)
+    window = min(quality_window or block, horizon)
     problem, hparams, zoo_overrides = SIZES[size][name]
     overrides = ",".join(o for o in (zoo_overrides, overrides) if o) or None
     run = build_run(problem, MODEL_OF.get(name, name), hparams, overrides, device=device)
@@ -213,7 +148,7 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         apply_process_settings()          # the process settings the tuner would have made
         strategy = fixed.validate(device)
     else:
-        strategy = auto_strategy(copy.deepcopy(run.model), run.problem, run.hp, device, planned=10_000,
+        strategy = auto_strategy(copy.deepcopy(run.model), run.problem, run.hp, device, planned=PLANNED_STEPS,
                                  log=lambda line: log(f"    tune: {line}"), max_seconds=tune_seconds, cache=False,
                                  **({} if compile_tune_seconds is None else
                                     {"compile_max_seconds": compile_tune_seconds}),
@@ -249,9 +184,16 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         keys = list(loops)
         for r in range(rounds + 1):
             for key in (keys[i] for i in round_order(len(keys), r)):
-                seconds = _timed_block(loops[key], block, device, flags.get(key))
+                seconds = timed_block(loops[key], block, device, flags.get(key))
                 if r > 0:                                  # round 0 is the warm-up (and the compile)
                     times[key].append(seconds)
+        for key, loop in loops.items():                    # on to the quality horizon, untimed
+            train_untimed(loop, horizon - steps_each, flags.get(key))
+        if control:   # the naive loop from weights one ulp away: how far rounding alone moves the naive loss
+            naive_twin = copy.deepcopy(run.model)
+            perturb_weights(naive_twin, "fp32")
+            loops["plain_twin"] = PlainLoop(naive_twin, run.hp, feed())
+            train_untimed(loops["plain_twin"], horizon)
         fast.close()
         for endless in feeds:
             endless.close()
@@ -261,7 +203,7 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
     flops = facts.flops_per_step * max(1, run.hp.accum_steps)
     rows = _rows(first) * max(1, run.hp.accum_steps)
     sec = {key: statistics.median(ts) for key, ts in times.items()}
-    loss = {key: _last_block(loop.losses, block) for key, loop in loops.items()}
+    loss = {key: window_loss(loop.losses, window) for key, loop in loops.items()}
     expert = loops["expert"]
     changed = {k: v for k, v in strategy.to_dict().items() if v != getattr(Strategy(), k)}
     row: dict[str, Any] = {
@@ -277,6 +219,7 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         "plain_mfu": flops / sec["plain"] / peak.for_precision("fp32"),
         "expert_mfu": flops / sec["expert"] / peak.for_precision(settings.precision),
         "strategy": changed, "tune_seconds": tuned_s,
+        "tune_share": tuned_s / (tuned_s + PLANNED_STEPS * sec["hotloop"]),
         "settings": {"plain": plain_settings(),
                      "expert": {**settings.to_dict(), "optimizer": expert.optimizer_kinds},
                      "hotloop": {"strategy": changed, "precision": strategy.precision,
@@ -286,9 +229,10 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         **{f"{key}_loss": value for key, value in loss.items()},
         "loss_rel_diff": abs(loss["hotloop"] - loss["plain"]) / max(abs(loss["plain"]), 1e-12),
         "expert_loss_rel_diff": abs(loss["expert"] - loss["plain"]) / max(abs(loss["plain"]), 1e-12),
-        "steps_each": (rounds + 1) * block}
+        "steps_each": steps_each, "quality_steps": horizon, "quality_window": window}
     if control:
-        row.update(control_vs_expert=sec["expert"] / sec["expert_twin"],
+        row.update(naive_floor_rel_diff=abs(loss["plain_twin"] - loss["plain"]) / max(abs(loss["plain"]), 1e-12),
+                   control_vs_expert=sec["expert"] / sec["expert_twin"],
                    control_paired=paired_speedup(times["expert"], times["expert_twin"]),
                    control_loss_rel_diff=abs(loss["expert_twin"] - loss["expert"]) / max(abs(loss["expert"]), 1e-12))
     if compile:
@@ -320,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", action="store_true",
                         help="also time expert_twin, a second expert loop: its ratio to the expert is the "
                         "table's own noise (an A/A comparison)")
+    parser.add_argument("--quality-steps", type=int, default=0, metavar="N",
+                        help="compare losses after N steps of each contender (the timed ones, then untimed "
+                             "ones; default: the timed ones)")
+    parser.add_argument("--quality-window", type=int, default=None, metavar="K",
+                        help="the loss compared: the mean over each contender's last K steps (default: one block)")
     parser.add_argument("--size", choices=tuple(SIZES), default="small",
                         help="small: the CPU configurations; full: published sizes and real input shapes")
     parser.add_argument("--smoke", action="store_true", help="smallest batch of each model, 1 block of 2 "
@@ -353,13 +302,16 @@ def main(argv: list[str] | None = None) -> int:
                           precision=args.precision, compile=args.compile and name in compiled,
                           overrides=smoke, size=args.size, control=args.control,
                           compile_tune_seconds=args.compile_tune_seconds,
-                          fixed=Strategy.parse(args.strategy) if args.strategy else None)
+                          fixed=Strategy.parse(args.strategy) if args.strategy else None,
+                          quality_steps=args.quality_steps, quality_window=args.quality_window)
         rows.append(row)
         print(f"  batch {row['batch']} x {row['input_size']}: plain {row['plain_samples_per_s']:.2f}/s, "
               f"expert {row['expert_samples_per_s']:.2f}/s, hotloop {row['hotloop_samples_per_s']:.2f}/s -> "
               f"{row['speedup_vs_naive']:.2f}x naive, {row['speedup_vs_expert']:.2f}x expert, MFU {row['mfu']:.1%}; "
-              f"last-block loss {row['plain_loss']:.4f} / {row['expert_loss']:.4f} / {row['hotloop_loss']:.4f}",
-              flush=True)
+              f"loss (last {row['quality_window']} of {row['quality_steps']} steps) {row['plain_loss']:.4f} / "
+              f"{row['expert_loss']:.4f} / {row['hotloop_loss']:.4f}, hotloop {row['loss_rel_diff']:.2%} from naive"
+              + (f" (the naive loop from one-ulp-moved weights: {row['naive_floor_rel_diff']:.2%})"
+                 if args.control else ""), flush=True)
         top = {"geomean_vs_naive": geomean([r["speedup_vs_naive"] for r in rows]),
                "geomean_vs_expert": geomean([r["speedup_vs_expert"] for r in rows]),
                "verdicts_vs_expert": verdicts(rows, "vs_expert_paired"),

@@ -319,7 +319,9 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         extra = [p for p in extra_proposals if allow_reduced_precision or not reduced_precision(p.apply(baseline_s))]
         proposals = extra + proposals          # the caller's own candidates first
         compiling = any(p.compile_cost > 0 for p in proposals if p.timed)
-        budget = Budget(budget_for(eager_s, max(max_seconds, compile_max_seconds) if compiling else max_seconds))
+        cap = max(max_seconds, compile_max_seconds) if compiling else max_seconds
+        # the planned run goes at the fastest step measured so far: its share shrinks as trials find one
+        budget = Budget(budget_for(eager_s, cap), shrinks_to=lambda: budget_for(runner.fastest_step(eager_s), cap))
         budget.start = hard.start
         feed_reserve = FEED_STEPS if worth_timing(reader_share) else 0      # steps of the feeding trial
         trials = run_in_stages(runner, [p for p in proposals if p.timed], baseline, baseline_s, max_trial_steps,

@@ -32,12 +32,19 @@ MIN_MEASURED = 3        # measured steps a candidate needs to be compared
 
 
 class Budget:
-    """Wall-clock allowance in seconds, counted from construction."""
+    """Wall-clock allowance in seconds, counted from construction; with ``shrinks_to``, the smaller of
+    ``seconds`` and what that function gives now (a share of the run priced at the fastest step seen)."""
 
-    def __init__(self, seconds: float, clock: Callable[[], float] | None = None) -> None:
-        self.seconds = max(0.0, float(seconds))
+    def __init__(self, seconds: float, clock: Callable[[], float] | None = None, *,
+                 shrinks_to: Callable[[], float] | None = None) -> None:
+        self.cap = max(0.0, float(seconds))
+        self.shrinks_to = shrinks_to
         self.clock = clock or time.perf_counter
         self.start = self.clock()
+
+    @property
+    def seconds(self) -> float:
+        return self.cap if self.shrinks_to is None else min(self.cap, max(0.0, self.shrinks_to()))
 
     def elapsed(self) -> float:
         return self.clock() - self.start
@@ -112,6 +119,7 @@ class TrialRunner:
         self.rounds_started = 0              # rounds so far, over every run_candidates call
         self.rng_start = snapshot_rng()       # every candidate's random streams start here
         self.check = check                    # called before every step: raises to stop tuning (a signal)
+        self.prepared: list[Trial] = []      # every trial built here, in order
 
     def prepare(self, trial: Trial) -> bool:
         """Validate and build a candidate; False (with ``trial.status`` set) if it cannot run."""
@@ -124,6 +132,7 @@ class TrialRunner:
             trial.status = f"unsupported: {exc}"
             return False
         trial.status = "ok"
+        self.prepared.append(trial)
         return True
 
     def _micro_batches(self, run: _CandidateRun) -> list[Batch]:
@@ -169,6 +178,11 @@ class TrialRunner:
         else:
             trial.warmup_times.append(seconds)
         trial.steps_run += 1
+
+    def fastest_step(self, fallback: float) -> float:
+        """The lowest median step of the trials measured at least ``MIN_MEASURED`` times, else ``fallback``."""
+        medians = [t.median for t in self.prepared if t.status == "ok" and len(t.step_times) >= MIN_MEASURED]
+        return min(medians + [fallback])
 
     def typical_step(self, trials: Sequence[Trial]) -> float:
         """Median of the measured candidates' median step times (the cost model for admission)."""

@@ -11,7 +11,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -175,9 +175,14 @@ def test_zoo_smoke_run_writes_every_key(tmp_path, monkeypatch):
     real_perturb = zoo.perturb_weights
     monkeypatch.setattr(zoo, "perturb_weights", lambda model, precision: (moved.append(precision),
                                                                           real_perturb(model, precision)))
+    carried: list[Any] = []
+    real_untimed = zoo.train_untimed
+    monkeypatch.setattr(zoo, "train_untimed", lambda loop, steps, flags=None: (carried.append(loop),
+                                                                               real_untimed(loop, steps, flags)))
     out = tmp_path / "zoo.json"
     assert zoo.main(["--smoke", "--models", "se_resnext50", "--tune-seconds", "0", "--block", "1",
-                     "--precision", "fp32", "--control", "--json", str(out)]) == 0
+                     "--precision", "fp32", "--control", "--quality-steps", "4", "--quality-window", "3",
+                     "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     for key in ("cpu", "amx", "device", "rows", "geomean_speedup",                  # today's keys
                 "geomean_vs_naive", "geomean_vs_expert", "precision", "cpu_flags", "machine"):
@@ -195,8 +200,14 @@ def test_zoo_smoke_run_writes_every_key(tmp_path, monkeypatch):
     assert row["settings"]["hotloop"]["precision"] == "fp32"
     assert row["control_vs_expert"] > 0 and row["control_paired"]["verdict"] == "unpaired"   # one round
     assert data["geomean_control"] == row["control_vs_expert"] and "unpaired" in data["verdicts_control"]
-    assert 0 <= row["control_loss_rel_diff"] < 1e-3    # two steps from weights one ulp away
-    assert moved == ["fp32"]                             # the twin, and only the twin, starts one ulp away
+    assert 0 <= row["control_loss_rel_diff"] < 1e-3    # four steps from weights one ulp away
+    assert 0 <= row["naive_floor_rel_diff"] < 1e-3
+    assert moved == ["fp32", "fp32"]                     # the twins, and only they, start one ulp away
+    # two timed steps each (warm-up and one round of one), two more untimed; the loss: the last three
+    assert (row["steps_each"], row["quality_steps"], row["quality_window"]) == (2, 4, 3)
+    assert len(carried) == 5 and all(len(loop.losses) == 4 for loop in carried)   # every contender, 4 steps
+    for key in ("plain", "expert", "hotloop", "expert_twin", "plain_twin"):
+        assert row[f"{key}_loss"] > 0, key
 
 
 def test_ladder_expert_rung_is_the_plain_loop_with_the_expert_lines(monkeypatch):

@@ -10,9 +10,11 @@ import types
 
 import pytest
 
+from hotloop.engine import build as engine_build
 from hotloop.engine.strategy import Strategy
 from hotloop.tools import autotune, trials, tune_start
 from hotloop.tools.autotune import tune
+from hotloop.tools.proposals import baseline_strategy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,3 +87,23 @@ def test_no_step_starts_past_the_budget(slow_steps, tiny_model, copy_problem, ti
     assert slow_steps.starts and max(slow_steps.starts) + 1.0 <= budget + 1e-9, slow_steps.starts
     assert report.tune_seconds <= budget + 1e-9
     assert any(t.status.startswith("skipped") for t in report.trials)   # the rest did not fit
+
+
+def test_the_runs_share_is_priced_at_the_fastest_step_measured(slow_steps, monkeypatch, tiny_model,
+                                                                copy_problem, tiny_hp):
+    """Eager steps take 1 s, every candidate's 0.25 s: 1,500 planned steps at 4% give 60 s at eager's
+    speed, 15 s once a candidate has measured 0.25 s steps; tuning ends within that (plus the step
+    running when it shrank)."""
+    def build(model, hp, strategy, *args, **kwargs):
+        built = engine_build.build_step(model, hp, strategy, *args, **kwargs)
+        seconds = 1.0 if strategy == baseline_strategy() else 0.25
+        built.step = _SlowStep(built.step, slow_steps.clock, seconds, slow_steps.starts)
+        return built
+
+    monkeypatch.setattr(trials, "build_step", build)
+    report = tune(tiny_model, copy_problem, tiny_hp, "cpu", 1500, max_seconds=1000.0, cache=False,
+                  log=lambda line: None, num_batches=6, max_trial_steps=10)
+    fast = [t for t in report.trials if t.label != "eager" and len(t.step_times) >= trials.MIN_MEASURED]
+    assert fast and min(t.median for t in fast) == pytest.approx(0.25)
+    assert report.budget_seconds == pytest.approx(15.0)
+    assert report.tune_seconds <= 15.0 + 1.0
