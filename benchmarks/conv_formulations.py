@@ -55,7 +55,8 @@ def _call(conv: Conv, x: torch.Tensor, w: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def _pair(label: str, x: torch.Tensor, w: torch.Tensor, aten: Conv, other: Conv, repeats: int) -> dict[str, Any]:
+def interleaved_pair(label: str, x: torch.Tensor, w: torch.Tensor, aten: Conv, other: Conv,
+                     repeats: int) -> dict[str, Any]:
     """Both formulations interleaved; medians, ratio and the weight gradients' largest difference."""
     grads = []
     for conv in (aten, other):
@@ -88,7 +89,7 @@ def main() -> None:
             x = torch.randn(n, c, side, side, generator=gen).contiguous(memory_format=fmt).requires_grad_()
             w = (torch.randn(o, c, 3, 3, generator=gen) * 0.05).contiguous(memory_format=fmt).requires_grad_()
             share = valid_fraction((side, side), (3, 3), (d, d), (d, d))
-            row = _pair(label, x, w, lambda xs, ws, d=d: F.conv2d(xs, ws, None, 1, d, d),
+            row = interleaved_pair(label, x, w, lambda xs, ws, d=d: F.conv2d(xs, ws, None, 1, d, d),
                         lambda xs, ws, d=d: dilated_conv2d(xs, ws, None, (1, 1), (d, d), (d, d), 1, "taps"),
                         args.repeats)
             rows.append({"field": "dilated_conv_wgrad=taps", "layout": layout, **row, "valid_share": share,
@@ -96,7 +97,7 @@ def main() -> None:
         for label, n, c, side, o in POINTWISE:
             x = torch.randn(n, c, side, side, generator=gen).contiguous(memory_format=fmt).requires_grad_()
             w = (torch.randn(o, c, 1, 1, generator=gen) * 0.05).contiguous(memory_format=fmt).requires_grad_()
-            row = _pair(label, x, w, lambda xs, ws: F.conv2d(xs, ws),
+            row = interleaved_pair(label, x, w, lambda xs, ws: F.conv2d(xs, ws),
                         lambda xs, ws: pointwise_conv2d(xs, ws, None, "gemm"), args.repeats)
             macs = n * side * side * c * o
             rows.append({"field": "pointwise_conv=gemm", "layout": layout, **row, "macs": macs,

@@ -28,7 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from hotloop.ops.linear_gemm import linear  # noqa: E402
 from hotloop.tools.hardware import detect_hardware, machine_header  # noqa: E402
-from conv_formulations import _pair  # noqa: E402
+from conv_formulations import interleaved_pair  # noqa: E402
 from zoo_stats import cpu_flags  # noqa: E402
 
 #: (label, M, K, N)
@@ -37,13 +37,14 @@ CASES = (("bert_small qkv", 4096, 256, 768), ("bert_small ffn in", 4096, 256, 10
          ("bert_small mlm head", 256, 256, 8000), ("transformer_base_small ffn in", 4096, 256, 1024))
 
 def case_row(label: str, m: int, k: int, n: int, repeats: int) -> dict[str, Any]:
-    """Both interleaved on one case (``conv_formulations._pair``'s timing): medians, GFLOP/s, ratio,
-    differences."""
+    """Both interleaved on one case (``conv_formulations.interleaved_pair``'s timing): medians,
+    GFLOP/s, ratio, differences."""
     torch.manual_seed(0)
     x = torch.randn(m, k, requires_grad=True)
     w = (torch.randn(n, k) * k ** -0.5).requires_grad_()
     b = torch.randn(n, requires_grad=True)
-    row = _pair(label, x, w, lambda xs, ws: F.linear(xs, ws, b), lambda xs, ws: linear(xs, ws, b, "onednn"), repeats)
+    row = interleaved_pair(label, x, w, lambda xs, ws: F.linear(xs, ws, b),
+                           lambda xs, ws: linear(xs, ws, b, "onednn"), repeats)
     blas_ms, onednn_ms = row["aten_ms"], row["formulation_ms"]
     with torch.no_grad():
         ref = F.linear(x, w, b)

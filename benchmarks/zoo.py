@@ -20,11 +20,11 @@ For each model, in ONE process and on the same model, batch and data:
   moves the loss by over the run (the chaos floor at this length); ``--control`` also trains
   **plain_twin**, the naive loop from the same one-ulp-moved weights, untimed, for
   ``naive_floor_rel_diff``: the same floor for the comparison with the naive loop;
-- **hotloop**: ``auto_strategy`` (timed separately: ``tune_seconds``, and ``tune_share`` of a 10,000-step run; ``--strategy K=V,...``:
-  that Strategy instead, untuned, after the process settings the tuner makes), then the
-  Trainer's step (``build_step``) fed by the Trainer's feeder (prefetch, workers), reading the
-  loss every ``sync_every`` steps; the strategy's process-wide flags (threads, ...) are set
-  for hotloop's blocks only.
+- **hotloop**: ``auto_strategy`` (timed separately: ``tune_seconds``, and ``tune_share`` of a
+  10,000-step run; ``--strategy K=V,...``: that Strategy instead, untuned, after the process
+  settings the tuner makes), then the Trainer's step (``build_step``) fed by the Trainer's feeder
+  (prefetch, workers), reading the loss every ``sync_every`` steps; the strategy's process-wide
+  flags (threads, ...) are set for hotloop's blocks only.
 
 ``--precision fp32`` holds every contender at fp32: the expert never autocasts and the tuner
 proposes nothing below fp32 (``tune(allow_reduced_precision=False)``: no bf16, TF32 or bf16-GEMM
@@ -127,6 +127,17 @@ def _input_size(batch: dict[str, torch.Tensor]) -> str:
     return "x".join(str(d) for d in first.shape[1:])
 
 
+def _rel_diff(value: float, reference: float) -> float:
+    return abs(value - reference) / max(abs(reference), 1e-12)
+
+
+def _one_ulp_away(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with its weights moved by about one fp32 ulp (the A/A twins' start)."""
+    twin = copy.deepcopy(model)
+    perturb_weights(twin, "fp32")
+    return twin
+
+
 def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_seconds: float,
                 log: Any, *, precision: str = "auto", compile: bool = False,
                 overrides: str | None = None, size: str = "small", control: bool = False,
@@ -176,9 +187,7 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         with applied_strategy(strategy, device):
             loops["hotloop"] = fast = HotloopLoop(copy.deepcopy(run.model), run, strategy, device)
         if control:       # an A/A pair: the expert again, from weights moved by one ulp, timed like any contender
-            twin = copy.deepcopy(run.model)
-            perturb_weights(twin, "fp32")
-            loops["expert_twin"] = ExpertLoop(twin, run.hp, feed(**expert_feed), device, settings)
+            loops["expert_twin"] = ExpertLoop(_one_ulp_away(run.model), run.hp, feed(**expert_feed), device, settings)
         flags = {"hotloop": lambda: applied_strategy(strategy, device)}
         times = {key: [] for key in loops}
         keys = list(loops)
@@ -190,9 +199,7 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
         for key, loop in loops.items():                    # on to the quality horizon, untimed
             train_untimed(loop, horizon - steps_each, flags.get(key))
         if control:   # the naive loop from weights one ulp away: how far rounding alone moves the naive loss
-            naive_twin = copy.deepcopy(run.model)
-            perturb_weights(naive_twin, "fp32")
-            loops["plain_twin"] = PlainLoop(naive_twin, run.hp, feed())
+            loops["plain_twin"] = PlainLoop(_one_ulp_away(run.model), run.hp, feed())
             train_untimed(loops["plain_twin"], horizon)
         fast.close()
         for endless in feeds:
@@ -227,14 +234,14 @@ def bench_model(name: str, rounds: int, block: int, device: torch.device, tune_s
                                  "channels_last": strategy.channels_last, "prefetch": strategy.prefetch,
                                  "loss_read": f"every {strategy.sync_every} steps"}},
         **{f"{key}_loss": value for key, value in loss.items()},
-        "loss_rel_diff": abs(loss["hotloop"] - loss["plain"]) / max(abs(loss["plain"]), 1e-12),
-        "expert_loss_rel_diff": abs(loss["expert"] - loss["plain"]) / max(abs(loss["plain"]), 1e-12),
+        "loss_rel_diff": _rel_diff(loss["hotloop"], loss["plain"]),
+        "expert_loss_rel_diff": _rel_diff(loss["expert"], loss["plain"]),
         "steps_each": steps_each, "quality_steps": horizon, "quality_window": window}
     if control:
-        row.update(naive_floor_rel_diff=abs(loss["plain_twin"] - loss["plain"]) / max(abs(loss["plain"]), 1e-12),
+        row.update(naive_floor_rel_diff=_rel_diff(loss["plain_twin"], loss["plain"]),
                    control_vs_expert=sec["expert"] / sec["expert_twin"],
                    control_paired=paired_speedup(times["expert"], times["expert_twin"]),
-                   control_loss_rel_diff=abs(loss["expert_twin"] - loss["expert"]) / max(abs(loss["expert"]), 1e-12))
+                   control_loss_rel_diff=_rel_diff(loss["expert_twin"], loss["expert"]))
     if compile:
         compiled = loops["expert_compiled"]
         row["settings"]["expert_compiled"] = {**compiled.settings.to_dict(), "optimizer": compiled.optimizer_kinds}

@@ -1,13 +1,6 @@
 """The zoo's contenders as loops (hotloop's Trainer step and feeder; the endless feeds of the naive and
-expert loops), their timed blocks, and the untimed steps that carry every contender to the quality
-horizon (``benchmarks/zoo.py --quality-steps``).
-
-Quality: the mean loss over the last ``window`` steps of each contender after the same number of
-steps from the same weights. Over a short run one chaotic model's loss moves by more than the
-difference being judged (YOLOv3 at 45 steps: the naive loop from weights one ulp away ends 3% from
-the naive loop), so ``--control`` also trains ``plain_twin``, the naive loop from one-ulp-moved
-weights, untimed: its difference from the naive loop (``naive_floor_rel_diff``) is what rounding
-alone moves the naive loss by at that horizon.
+expert loops), their timed blocks, the untimed steps that carry every contender to the quality
+horizon and the loss compared there (``benchmarks/zoo.py --quality-steps``, ``--quality-window``).
 """
 from __future__ import annotations
 
@@ -85,27 +78,30 @@ class HotloopLoop:
         self.feeder.close()
 
 
+def _run(loop: Any, steps: int) -> None:
+    """``steps`` steps of ``loop``, their losses read back at the end."""
+    for _ in range(steps):
+        loop.step()
+    loop.flush()
+
+
 def timed_block(loop: Any, steps: int, device: torch.device,
-                 flags: Callable[[], ContextManager[None]] | None = None) -> float:
-    """Seconds per step of ``steps`` steps, the block's losses read back at its end."""
+                flags: Callable[[], ContextManager[None]] | None = None) -> float:
+    """Seconds per step of ``steps`` steps (under ``flags``), the block's losses read back at its end."""
     with flags() if flags else contextlib.nullcontext():
         start = time.perf_counter()
-        for _ in range(steps):
-            loop.step()
-        loop.flush()                       # the block ends with everything read back
+        _run(loop, steps)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return (time.perf_counter() - start) / steps
 
 
-def window_loss(losses: list[float], window: int) -> float:
-    """The mean loss over the last ``window`` steps."""
-    return statistics.mean(losses[-window:])
-
-
 def train_untimed(loop: Any, steps: int, flags: Callable[[], ContextManager[None]] | None = None) -> None:
     """``steps`` more steps of ``loop``, untimed (under ``flags``), their losses read back."""
     with flags() if flags else contextlib.nullcontext():
-        for _ in range(steps):
-            loop.step()
-        loop.flush()
+        _run(loop, steps)
+
+
+def window_loss(losses: list[float], window: int) -> float:
+    """The mean loss over the last ``window`` steps."""
+    return statistics.mean(losses[-window:])

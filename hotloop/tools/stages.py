@@ -83,7 +83,8 @@ def judged_against(trial: Trial, trials: Sequence[Trial], reference: Trial) -> l
 
 
 def _ratios(trials: Sequence[Trial], reference: Trial) -> list[tuple[str, list[Comparison]]]:
-    """Each measured trial's label and paired comparisons with what it is judged against."""
+    """Each measured trial's label and paired comparisons with what it is judged against
+    (:func:`judged_against`'s order: ``reference`` first)."""
     return [(t.label, [against(t, other) for other in judged_against(t, trials, reference)])
             for t in trials if t.measured and t is not reference]
 

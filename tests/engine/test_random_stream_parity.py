@@ -15,7 +15,7 @@ from hotloop.engine.strategy import Strategy
 from hotloop.models.base import LossOutput
 from hotloop.ops import dropout as dropout_ops
 from hotloop.testing import model_case
-from hotloop.tools.formulation_candidates import formulation_options as _formulation_options
+from hotloop.tools.formulation_candidates import formulation_options
 from hotloop.tools.hardware import HardwareInfo
 from hotloop.tools.proposals import formulation_proposals
 from test_dropout_masks import bert_batch, bert_tiny
@@ -74,19 +74,19 @@ def test_same_stream_candidates_of_a_dropout_model_stay_bitwise_when_build_does_
 
 def _mask_options(model: nn.Module) -> list:
     """The model's formulation options that change how dropout masks are drawn."""
-    return [o for o in _formulation_options(model) if "dropout_masks" in o.changes]
+    return [o for o in formulation_options(model) if "dropout_masks" in o.changes]
 
 
 def test_the_tuner_proposes_bits16_masks_only_where_something_drops() -> None:
     model, _ = bert_tiny()
     [option] = _mask_options(model)
     assert option.changes == {"dropout_masks": "bits16"} and option.rounding == "random_stream"
-    [proposal] = [p for p in formulation_proposals(_formulation_options(model), CPU) if "bits16" in p.label]
+    [proposal] = [p for p in formulation_proposals(formulation_options(model), CPU) if "bits16" in p.label]
     assert proposal.label == "dropout_masks=bits16" and proposal.tags == ("random_stream",)
     user = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.2))
-    assert "in 1 nn.Dropout module" in _formulation_options(user)[0].why
+    assert "in 1 nn.Dropout module" in formulation_options(user)[0].why
     assert _mask_options(bert_tiny(dropout=0.0)[0]) == []
-    assert [o.label for o in _formulation_options(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0)))] == ["linear_gemm=onednn"]
+    assert [o.label for o in formulation_options(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0)))] == ["linear_gemm=onednn"]
 
 
 def test_a_seeded_bits16_run_repeats_and_resumes_bitwise(tmp_path) -> None:

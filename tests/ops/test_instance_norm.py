@@ -208,12 +208,12 @@ def test_channels_last_cyclegan_gets_the_gradients_of_the_contiguous_model(batch
 
 def test_the_tuner_times_the_option_for_cyclegan_in_channels_last() -> None:
     from hotloop.compose.build import build_run
-    from hotloop.tools.formulation_candidates import formulation_options as _formulation_options
+    from hotloop.tools.formulation_candidates import formulation_options
     from hotloop.tools.hardware import HardwareInfo
     from hotloop.tools.proposals import formulation_proposals
     gan = build_run("shapes_unpaired", "cyclegan", "cyclegan_small",
                     "image_size=32,gen_filters=4,disc_filters=4,gen_blocks=1,batch_size=2").model
-    options = [o for o in _formulation_options(gan) if "instance_norm" in o.changes]
+    options = [o for o in formulation_options(gan) if "instance_norm" in o.changes]
     assert [o.why.endswith(f"({len(instance_norm_sites(gan))} nn.InstanceNorm2d modules)") for o in options] == [True]
     [proposal] = formulation_proposals(options, HardwareInfo("cpu", 2, "zen 3", (), cpu_isa=("avx2",)))
     assert proposal.changes == {"channels_last": True, "instance_norm": "per_sample"}
