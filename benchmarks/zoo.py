@@ -52,8 +52,10 @@ JSON: ``{"rows": [{"model", "batch", "input_size", "plain_samples_per_s", "exper
 ``vs_expert_paired`` pair the contenders' blocks round by round (:func:`paired_speedup`): the
 geometric mean of the per-round ratios, its 80% interval and a verdict (hotloop "faster",
 "slower" or "tie" with 90% confidence); ``verdicts_vs_expert`` / ``verdicts_vs_naive`` list the
-models by verdict; with ``--control``, ``geomean_control`` and ``verdicts_control`` do the same for
-the twin.
+models by verdict; ``familywise_vs_expert`` reads the table as one claim
+(:func:`zoo_stats.familywise`: each bound widened so that seven tied rows show a false "slower"
+one table in ten, not one in two); with ``--control``, ``geomean_control``, ``verdicts_control``
+and ``familywise_control`` do the same for the twin.
 """
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ from hotloop.tools.tune_budget import DEFAULT_MAX_SECONDS  # noqa: E402
 from hotloop.compose.plan import auto_strategy  # noqa: E402
 from expert_loop import PRECISIONS, ExpertLoop, PlainLoop, expert_settings, plain_settings  # noqa: E402
 from zoo_loops import Endless, HotloopLoop, timed_block, train_untimed, window_loss  # noqa: E402,F401
-from zoo_stats import cpu_flags, geomean, paired_speedup, print_table, round_order, verdicts  # noqa: E402,F401
+from zoo_stats import (cpu_flags, familywise, familywise_text, geomean, paired_speedup, print_table,  # noqa: E402,F401
+                       round_order, verdicts)
 
 # model -> (problem, hparams set, overrides): the small CPU configurations; the same for both contenders
 ZOO: dict[str, tuple[str, str, str]] = {
@@ -322,10 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         top = {"geomean_vs_naive": geomean([r["speedup_vs_naive"] for r in rows]),
                "geomean_vs_expert": geomean([r["speedup_vs_expert"] for r in rows]),
                "verdicts_vs_expert": verdicts(rows, "vs_expert_paired"),
-               "verdicts_vs_naive": verdicts(rows, "vs_naive_paired")}
+               "verdicts_vs_naive": verdicts(rows, "vs_naive_paired"),
+               "familywise_vs_expert": familywise(rows, "vs_expert_paired")}
         if args.control:
             top.update(geomean_control=geomean([r["control_vs_expert"] for r in rows]),
-                       verdicts_control=verdicts(rows, "control_paired"))
+                       verdicts_control=verdicts(rows, "control_paired"),
+                       familywise_control=familywise(rows, "control_paired"))
         with_compiled = [r["speedup_vs_expert_compiled"] for r in rows if "speedup_vs_expert_compiled" in r]
         if with_compiled:
             top["geomean_vs_expert_compiled"] = geomean(with_compiled)
@@ -344,9 +349,11 @@ def main(argv: list[str] | None = None) -> int:
           + f" (precision {args.precision})")
     print("against the expert loop, with 90% confidence per row: "
           + "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(top["verdicts_vs_expert"].items())))
+    print(familywise_text(top["familywise_vs_expert"], "the expert loop"))
     if args.control:
         print(f"control (a second expert loop against the first): geomean {top['geomean_control']:.3f}x; per row: "
               + "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(top["verdicts_control"].items())))
+        print(familywise_text(top["familywise_control"], "the expert loop, control"))
     return 0
 
 

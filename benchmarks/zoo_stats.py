@@ -1,4 +1,5 @@
-"""Numbers for ``benchmarks/zoo.py``'s table: paired per-round speed-ups, verdicts, the geomean, the table."""
+"""Numbers for ``benchmarks/zoo.py``'s table: paired per-round speed-ups, verdicts (per row and
+family-wise), the geomean, the table."""
 from __future__ import annotations
 
 import math
@@ -6,9 +7,10 @@ import statistics
 from typing import Any
 
 from hotloop.tools.hardware import HardwareInfo
-from hotloop.tools.significance import compare_paired
+from hotloop.tools.significance import compare_paired, t_quantile, t_quantile_90
 
-__all__ = ["cpu_flags", "paired_speedup", "geomean", "verdicts", "print_table", "round_order", "ratio_text"]
+__all__ = ["cpu_flags", "paired_speedup", "geomean", "verdicts", "familywise", "familywise_text", "print_table",
+           "round_order", "ratio_text"]
 
 
 def round_order(n: int, r: int) -> list[int]:
@@ -74,6 +76,43 @@ def verdicts(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
     for r in rows:
         out.setdefault(r[key]["verdict"], []).append(r["model"])
     return out
+
+
+def familywise(rows: list[dict[str, Any]], key: str, confidence: float = 0.9) -> dict[str, Any]:
+    """The verdicts of ``key`` (a :func:`paired_speedup` per row) read as one table: each row's bound
+    is widened to the one-sided level ``confidence ** (1 / m)`` for ``m`` paired rows (Sidak), so
+    that when every row truly ties, some row reads "slower" with probability ``1 - confidence``
+    (and likewise "faster"), where the per-row 90% bounds give ``1 - 0.9 ** m`` (52% for seven
+    rows). Each row's standard error comes back from its stored 90% bound, so a saved table can
+    be read again. ``lowest``: the row whose widened lower bound is the smallest."""
+    paired = [r for r in rows if r[key]["paired"] is not None]
+    if not paired:
+        return {"confidence": confidence, "rows": 0, "one_sided_level": None, "verdicts": {}, "bounds": {},
+                "lowest": None}
+    level = confidence ** (1 / len(paired))
+    bounds: dict[str, list[float]] = {}
+    found: dict[str, list[str]] = {}
+    for r in paired:
+        p, df = r[key]["paired"], r[key]["pairs"] - 1
+        log_se = math.log(p / r[key]["interval90"][0]) / t_quantile_90(df)    # 90% bound = p * exp(-t90 * se)
+        half = t_quantile(df, level) * log_se
+        low, high = p * math.exp(-half), p * math.exp(half)
+        bounds[r["model"]] = [low, high]
+        found.setdefault("faster" if low > 1 else "slower" if high < 1 else "tie", []).append(r["model"])
+    lowest = min(bounds, key=lambda m: bounds[m][0])
+    return {"confidence": confidence, "rows": len(paired), "one_sided_level": level, "verdicts": found,
+            "bounds": bounds, "lowest": [lowest, bounds[lowest][0]]}
+
+
+def familywise_text(family: dict[str, Any], against: str) -> str:
+    """One line: the family-wise verdicts and the lowest widened bound."""
+    if not family["rows"]:
+        return f"family-wise vs {against}: no paired rows"
+    verdict_text = "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(family["verdicts"].items()))
+    model, low = family["lowest"]
+    return (f"family-wise vs {against} ({family['rows']} rows, each bound one-sided "
+            f"{family['one_sided_level']:.2%}): {verdict_text}; every row >= {low:.3f}x ({model} lowest) "
+            f"with {family['confidence']:.0%} confidence")
 
 
 def print_table(rows: list[dict[str, Any]], compiled: bool) -> None:

@@ -48,22 +48,25 @@ class CpuIsa:
         return text
 
 
-def _cpuinfo() -> tuple[set[str], str]:
-    flags: set[str] = set()
+def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[set[str], str]:
+    """The first CPU's flags and its name with its x86 family and model numbers, which tell
+    generations apart where a VM names only the line: "AMD EPYC (family 26, model 2)"."""
     model = platform.processor() or platform.machine()
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key == "flags" and not flags:
-                    flags = set(value.split())
-                elif key == "model name":
-                    model = value.strip()
-                if flags and key == "model name":
-                    break
+                if not key:
+                    break                                  # the first CPU's block ends
+                fields.setdefault(key, value.strip())
     except OSError:
         pass
+    flags = set(fields.get("flags", "").split())
+    model = fields.get("model name", model)
+    if "cpu family" in fields and "model" in fields:
+        model += f" (family {fields['cpu family']}, model {fields['model']})"
     return flags, model
 
 

@@ -76,3 +76,33 @@ def test_a_fixed_strategy_is_timed_untuned(monkeypatch: pytest.MonkeyPatch) -> N
                           overrides=zoo.SMOKE_DEFAULT, fixed=fixed)
     assert row["strategy"] == {"fused_kernel": True, "pointwise_conv": "gemm", "prefetch": 0}
     assert row["settings"]["hotloop"]["prefetch"] == 0 and row["steps_each"] == 2
+
+
+def _row(model: str, ratios: list[float]) -> dict:
+    reference = [0.1] * len(ratios)
+    return {"model": model, "v": paired_speedup(reference, [0.1 / r for r in ratios])}
+
+
+def test_familywise_widens_a_per_row_slower_to_a_tie() -> None:
+    from zoo import familywise
+    noisy = [0.95, 1.01, 0.96, 1.0, 0.94, 1.02, 0.97, 0.98]          # slower at 90%, not beyond doubt
+    rows = [_row("noisy", noisy)] + [_row(f"tie{i}", [1.0 + 0.01 * ((j + i) % 3 - 1) for j in range(8)])
+                                     for i in range(6)]
+    assert rows[0]["v"]["verdict"] == "slower"
+    family = familywise(rows, "v")
+    assert family["rows"] == 7 and family["one_sided_level"] == pytest.approx(0.9 ** (1 / 7))
+    assert "noisy" in family["verdicts"]["tie"] and "slower" not in family["verdicts"]
+    low, high = family["bounds"]["noisy"]
+    per_row_low, per_row_high = rows[0]["v"]["interval90"]
+    assert low < per_row_low and high > per_row_high > 0.99                # wider on both sides
+    assert family["lowest"][0] == "noisy"
+
+
+def test_familywise_keeps_a_clear_slower_and_matches_one_row() -> None:
+    from zoo import familywise
+    slow = _row("slow", [0.80, 0.81, 0.79, 0.80, 0.82, 0.80, 0.79, 0.81])
+    assert familywise([slow] * 7, "v")["verdicts"] == {"slower": ["slow"] * 7}
+    one = familywise([slow], "v")                                         # one row: the level is 90% itself
+    assert one["bounds"]["slow"] == pytest.approx(slow["v"]["interval90"])
+    unpaired = {"model": "u", "v": paired_speedup([0.1, 0.1], [0.1, 0.1])}
+    assert familywise([unpaired], "v")["rows"] == 0

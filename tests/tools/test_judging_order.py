@@ -10,7 +10,7 @@ import torch
 from hotloop.hparams import HParams
 from hotloop.tools import autotune
 from hotloop.tools.proposals import baseline_strategy
-from hotloop.tools.ranking import holds, judging_order
+from hotloop.tools.ranking import adds_backend, holds, judging_order
 from hotloop.tools.significance import Comparison, compare_paired, significantly_slower
 from hotloop.tools.trajectory import ChaosFloors
 from hotloop.tools.trials import Trial
@@ -99,3 +99,31 @@ def test_unrelated_candidates_keep_the_ratio_order(ratios):
     trials = [_trial(f"t{i}", [], [], intra_op_threads=i + 1) for i in range(3)]
     entries = [(Comparison(r, r + 0.01, 8, 0.01), t) for r, t in zip(ratios, trials)]
     assert judging_order(entries, BASE) == [t for _, t in sorted(entries, key=lambda e: e[0].ratio)]
+
+
+def _yolov3_stage_two() -> tuple[Trial, Trial]:
+    """``all faster`` and ``all faster + backend=graph`` as the yolov3_shapes fp32 trial table gave
+    them: x0.901 (90% bound x0.974) and x0.859 (x0.876), in rounds of their own."""
+    fields = dict(channels_last=True, fused_optimizer=True, fused_kernel=True, pointwise_conv="gemm")
+    eager_side = _trial("all faster", [], [], **fields)
+    graph = _trial("all faster + backend=graph", [], [], compile_cost=2.0, backend="graph", **fields)
+    return eager_side, graph
+
+
+def test_a_backend_on_top_goes_first_only_when_significantly_faster():
+    eager_side, graph = _yolov3_stage_two()
+    assert adds_backend(graph, eager_side, BASE) and not adds_backend(eager_side, graph, BASE)
+    measured = [(Comparison(0.901, 0.974, 8, 0.054), eager_side), (Comparison(0.859, 0.876, 8, 0.015), graph)]
+    assert judging_order(measured, BASE) == [eager_side, graph]        # within noise: no backend
+    clear = [(Comparison(0.901, 0.915, 8, 0.010), eager_side), (Comparison(0.700, 0.712, 8, 0.010), graph)]
+    assert judging_order(clear, BASE) == [graph, eager_side]           # the backend earns its place
+
+
+def test_a_cached_compile_does_not_make_the_backend_a_wider_choice():
+    eager_side, graph = _yolov3_stage_two()
+    graph.compile_cost = 0.0                                            # priced as cached
+    entries = [(Comparison(0.859, 0.876, 8, 0.015), graph), (Comparison(0.901, 0.974, 8, 0.054), eager_side)]
+    assert judging_order(entries, BASE) == [eager_side, graph]
+    assert holds(graph, eager_side, BASE)
+    entries = [(Comparison(0.850, 0.870, 8, 0.015), eager_side), (Comparison(0.859, 0.876, 8, 0.015), graph)]
+    assert judging_order(entries, BASE) == [eager_side, graph]          # no climb onto the backend
