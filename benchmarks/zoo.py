@@ -89,7 +89,7 @@ from hotloop.compose.plan import auto_strategy  # noqa: E402
 from expert_loop import PRECISIONS, ExpertLoop, PlainLoop, expert_settings, plain_settings  # noqa: E402
 from zoo_loops import Endless, HotloopLoop, timed_block, train_untimed, window_loss  # noqa: E402,F401
 from zoo_stats import (cpu_flags, familywise, familywise_text, geomean, paired_speedup, print_table,  # noqa: E402,F401
-                       round_order, verdicts)
+                       round_order, verdict_text, verdicts)
 
 # model -> (problem, hparams set, overrides): the small CPU configurations; the same for both contenders
 ZOO: dict[str, tuple[str, str, str]] = {
@@ -348,11 +348,11 @@ def main(argv: list[str] | None = None) -> int:
           + (f", {top['geomean_vs_expert_compiled']:.2f}x the compiled expert" if with_compiled else "")
           + f" (precision {args.precision})")
     print("against the expert loop, with 90% confidence per row: "
-          + "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(top["verdicts_vs_expert"].items())))
+          + verdict_text(top["verdicts_vs_expert"]))
     print(familywise_text(top["familywise_vs_expert"], "the expert loop"))
     if args.control:
         print(f"control (a second expert loop against the first): geomean {top['geomean_control']:.3f}x; per row: "
-              + "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(top["verdicts_control"].items())))
+              + verdict_text(top["verdicts_control"]))
         print(familywise_text(top["familywise_control"], "the expert loop, control"))
     return 0
 

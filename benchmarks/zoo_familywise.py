@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zoo_stats import familywise, familywise_text, verdicts  # noqa: E402
+from zoo_stats import familywise, familywise_text, verdict_text, verdicts  # noqa: E402
 
 __all__ = ["read_table"]
 
@@ -25,7 +25,7 @@ def read_table(table: dict[str, Any]) -> dict[str, Any]:
     rows = table["rows"]
     out: dict[str, Any] = {}
     for key, name in (("vs_expert_paired", "vs_expert"), ("control_paired", "control")):
-        if all(key in r for r in rows) and rows:
+        if rows and all(key in r for r in rows):
             out[name] = {"per_row": verdicts(rows, key), "familywise": familywise(rows, key)}
     return out
 
@@ -45,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"{path} (precision {table.get('precision')}):")
         for name, reading in found[path].items():
-            per_row = "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(reading["per_row"].items()))
-            print(f"  {name}, 90% per row: {per_row}")
+            print(f"  {name}, 90% per row: {verdict_text(reading['per_row'])}")
             print("  " + familywise_text(reading["familywise"], "the expert loop" if name == "vs_expert"
                                          else "the expert loop, control"))
     if args.json:

@@ -7,10 +7,12 @@ import statistics
 from typing import Any
 
 from hotloop.tools.hardware import HardwareInfo
-from hotloop.tools.significance import compare_paired, t_quantile, t_quantile_90
+from scipy.stats import t as student_t
 
-__all__ = ["cpu_flags", "paired_speedup", "geomean", "verdicts", "familywise", "familywise_text", "print_table",
-           "round_order", "ratio_text"]
+from hotloop.tools.significance import compare_paired, t_quantile_90
+
+__all__ = ["cpu_flags", "paired_speedup", "geomean", "verdicts", "verdict_text", "familywise", "familywise_text",
+           "print_table", "round_order", "ratio_text"]
 
 
 def round_order(n: int, r: int) -> list[int]:
@@ -50,8 +52,12 @@ def paired_speedup(reference: list[float], contender: list[float]) -> dict[str, 
     if not c.paired:
         return {"paired": None, "interval90": None, "verdict": "unpaired", "pairs": c.pairs}
     low, high = 1 / c.upper, 1 / c.lower       # bounds of the time ratio, turned into speed-ups
-    verdict = "faster" if low > 1 else "slower" if high < 1 else "tie"
-    return {"paired": 1 / c.ratio, "interval90": [low, high], "verdict": verdict, "pairs": c.pairs}
+    return {"paired": 1 / c.ratio, "interval90": [low, high], "verdict": _verdict(low, high), "pairs": c.pairs}
+
+
+def _verdict(low: float, high: float) -> str:
+    """The contender is "faster" when a speed-up's lower bound is above 1, "slower" when its upper is below."""
+    return "faster" if low > 1 else "slower" if high < 1 else "tie"
 
 
 def geomean(values: list[float]) -> float:
@@ -78,6 +84,11 @@ def verdicts(rows: list[dict[str, Any]], key: str) -> dict[str, list[str]]:
     return out
 
 
+def verdict_text(found: dict[str, list[str]]) -> str:
+    """``{"faster": [a, b], "tie": [c]}`` -> ``faster: a, b; tie: c``."""
+    return "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(found.items()))
+
+
 def familywise(rows: list[dict[str, Any]], key: str, confidence: float = 0.9) -> dict[str, Any]:
     """The verdicts of ``key`` (a :func:`paired_speedup` per row) read as one table: each row's bound
     is widened to the one-sided level ``confidence ** (1 / m)`` for ``m`` paired rows (Sidak), so
@@ -95,10 +106,10 @@ def familywise(rows: list[dict[str, Any]], key: str, confidence: float = 0.9) ->
     for r in paired:
         p, df = r[key]["paired"], r[key]["pairs"] - 1
         log_se = math.log(p / r[key]["interval90"][0]) / t_quantile_90(df)    # 90% bound = p * exp(-t90 * se)
-        half = t_quantile(df, level) * log_se
+        half = float(student_t.ppf(level, df)) * log_se
         low, high = p * math.exp(-half), p * math.exp(half)
         bounds[r["model"]] = [low, high]
-        found.setdefault("faster" if low > 1 else "slower" if high < 1 else "tie", []).append(r["model"])
+        found.setdefault(_verdict(low, high), []).append(r["model"])
     lowest = min(bounds, key=lambda m: bounds[m][0])
     return {"confidence": confidence, "rows": len(paired), "one_sided_level": level, "verdicts": found,
             "bounds": bounds, "lowest": [lowest, bounds[lowest][0]]}
@@ -108,10 +119,9 @@ def familywise_text(family: dict[str, Any], against: str) -> str:
     """One line: the family-wise verdicts and the lowest widened bound."""
     if not family["rows"]:
         return f"family-wise vs {against}: no paired rows"
-    verdict_text = "; ".join(f"{v}: {', '.join(m)}" for v, m in sorted(family["verdicts"].items()))
     model, low = family["lowest"]
     return (f"family-wise vs {against} ({family['rows']} rows, each bound one-sided "
-            f"{family['one_sided_level']:.2%}): {verdict_text}; every row >= {low:.3f}x ({model} lowest) "
+            f"{family['one_sided_level']:.2%}): {verdict_text(family['verdicts'])}; every row >= {low:.3f}x ({model} lowest) "
             f"with {family['confidence']:.0%} confidence")
 
 

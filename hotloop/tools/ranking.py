@@ -54,14 +54,17 @@ def is_switch(trial: Trial, comparison: Comparison, min_gain: float) -> bool:
 def holds(wider: Trial, narrower: Trial, base: Strategy) -> bool:
     """Does ``wider`` set every field ``narrower`` sets (to the same value), and more, compiling
     nothing that ``narrower`` does not?"""
-    inner, outer = narrower.strategy.changes_from(base), wider.strategy.changes_from(base)
-    return inner.items() < outer.items() and wider.compile_cost <= narrower.compile_cost
+    return _sets_more(wider, narrower, base) and wider.compile_cost <= narrower.compile_cost
+
+
+def _sets_more(wider: Trial, narrower: Trial, base: Strategy) -> bool:
+    """Does ``wider`` set every field ``narrower`` sets away from ``base``, to the same value, and more?"""
+    return narrower.strategy.changes_from(base).items() < wider.strategy.changes_from(base).items()
 
 
 def adds_backend(wider: Trial, narrower: Trial, base: Strategy) -> bool:
     """Is ``wider`` ``narrower`` (every field it sets, to the same value) on another backend?"""
-    inner, outer = narrower.strategy.changes_from(base), wider.strategy.changes_from(base)
-    return inner.items() < outer.items() and wider.strategy.backend != narrower.strategy.backend
+    return _sets_more(wider, narrower, base) and wider.strategy.backend != narrower.strategy.backend
 
 
 def judging_order(candidates: Sequence[tuple[Comparison, Trial]], base: Strategy) -> list[Trial]:

@@ -28,8 +28,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["MIN_PAIRS", "OUTLIER_FACTOR", "Comparison", "compare_paired", "t_quantile_90", "t_cdf",
-           "t_quantile", "significantly_slower"]
+__all__ = ["MIN_PAIRS", "OUTLIER_FACTOR", "Comparison", "compare_paired", "t_quantile_90",
+           "significantly_slower"]
 
 MIN_PAIRS = 3
 #: a step above this multiple of its contender's median step leaves its round out of the comparison
@@ -46,42 +46,6 @@ def t_quantile_90(df: int) -> float:
     if df > 120:
         return 1.282
     return _T90[max(k for k in _T90 if k <= df)]
-
-
-def t_cdf(t: float, df: int) -> float:
-    """P(T <= t) for Student's t with a whole number ``df`` >= 1 of degrees of freedom (the closed
-    forms of Abramowitz & Stegun 26.7.3-4 for P(|T| <= t), a finite sum of powers of cos(theta))."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    theta = math.atan(abs(t) / math.sqrt(df))
-    c2, s = math.cos(theta) ** 2, math.sin(theta)
-    if df % 2:                         # odd: (2/pi)(theta + sin cos (1 + 2/3 cos^2 + ...))
-        term, total = 1.0, 1.0
-        for k in range(1, (df - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        within = 2 / math.pi * (theta + (s * math.cos(theta) * total if df > 1 else 0.0))
-    else:                              # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
-        term, total = 1.0, 1.0
-        for k in range(1, df // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        within = s * total
-    return 0.5 + math.copysign(within / 2, t)
-
-
-def t_quantile(df: int, level: float) -> float:
-    """The one-sided ``level`` quantile of Student's t with ``df`` >= 1 degrees of freedom (bisection
-    on :func:`t_cdf`, to 1e-9), for 0.5 <= ``level`` < 1."""
-    if not 0.5 <= level < 1:
-        raise ValueError(f"a one-sided level is in [0.5, 1), got {level}")
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < level:
-        high *= 2
-    while high - low > 1e-9:
-        mid = (low + high) / 2
-        low, high = (mid, high) if t_cdf(mid, df) < level else (low, mid)
-    return (low + high) / 2
 
 
 @dataclass(frozen=True)

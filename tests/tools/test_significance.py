@@ -93,15 +93,3 @@ def test_the_lower_bound_mirrors_the_upper_one_on_the_logs():
     by_medians = compare_paired([1.0], [0], [2.0], [0])           # one pair: no bound either way
     assert by_medians.lower == by_medians.ratio == by_medians.upper == 0.5
 
-
-def test_t_quantile_reproduces_the_table_and_known_values() -> None:
-    from hotloop.tools.significance import _T90, t_cdf, t_quantile
-    for df, value in _T90.items():
-        assert t_quantile(df, 0.90) == pytest.approx(value, abs=6e-4)
-    assert t_quantile(1, 0.975) == pytest.approx(12.706, abs=1e-3)       # two-sided 95%, one degree
-    assert t_quantile(2, 0.975) == pytest.approx(4.303, abs=1e-3)
-    assert t_quantile(30, 0.95) == pytest.approx(1.697, abs=1e-3)
-    assert t_cdf(0.0, 7) == pytest.approx(0.5)
-    assert t_cdf(-1.415, 7) == pytest.approx(0.10, abs=1e-4)             # symmetric: the lower tail
-    with pytest.raises(ValueError):
-        t_quantile(5, 0.4)
