@@ -23,7 +23,7 @@ from .activation_ckpt import set_activation_checkpointing
 from .backends import Backend, EagerBackend
 from .conv_formulations import use_conv_formulations
 from .linear_formulations import use_linear_gemm
-from .norm_formulations import use_instance_norm
+from .norm_formulations import use_batch_norm, use_instance_norm
 from .dropout_masks import use_dropout_masks
 from .precision import Precision
 from .precision_notices import precision_notices
@@ -172,6 +172,7 @@ def build_step(model: nn.Module, hp: HParams, strategy: Strategy, *, loss_fn: Lo
     report = (_use_formulation(model, strategy) + use_dropout_masks(model, strategy.dropout_masks)
               + use_conv_formulations(model, strategy.dilated_conv_wgrad, strategy.pointwise_conv)
               + use_instance_norm(model, strategy.instance_norm, strategy.channels_last)
+              + use_batch_norm(model, strategy.batch_norm)
               + use_linear_gemm(model, strategy.linear_gemm)
               + _checkpoint_blocks(model, strategy))
     notices = precision_notices(strategy.precision, device, model)

@@ -1,4 +1,5 @@
-"""``Strategy.instance_norm`` for any model's ``nn.InstanceNorm2d``.
+"""``Strategy.instance_norm`` for any model's ``nn.InstanceNorm2d``, ``Strategy.batch_norm`` for its
+``nn.BatchNorm2d``.
 
 :func:`use_instance_norm` (called by ``build_step``) makes each eligible ``nn.InstanceNorm2d`` of
 the model (exactly that type, no affine parameters, no running statistics) a
@@ -7,15 +8,24 @@ normalised per :func:`hotloop.ops.instance_norm.instance_norm2d` (``"per_sample"
 copies). With ``"aten"`` in a channels-last model they stay formulated for their batch-of-one
 calls, which ``F.instance_norm`` gets wrong in channels-last (:mod:`hotloop.ops.instance_norm`);
 with ``"aten"`` otherwise the modules are ``nn.InstanceNorm2d`` again.
+
+:func:`use_batch_norm` likewise makes each ``nn.BatchNorm2d`` (exactly that type) a
+:class:`FormulatedBatchNorm2d` for ``"two_pass"`` (:func:`hotloop.ops.batch_norm.batch_norm2d`:
+statistics of channels-last maps summed in two passes) and back for ``"aten"``. Momentum, the
+cumulative average (``momentum=None``), ``num_batches_tracked`` and buffers that are not tracked
+behave as in ``nn.BatchNorm2d``.
 """
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..models.formulation import INSTANCE_NORM_OPTION, Formulation, FormulationOption, sites_text
+from ..models.formulation import (BATCH_NORM_OPTION, INSTANCE_NORM_OPTION, Formulation, FormulationOption,
+                                  sites_text)
+from ..ops.batch_norm import batch_norm2d
 from ..ops.instance_norm import instance_norm2d
 
-__all__ = ["FormulatedInstanceNorm2d", "use_instance_norm", "instance_norm_sites", "instance_norm_options"]
+__all__ = ["FormulatedInstanceNorm2d", "use_instance_norm", "instance_norm_sites", "instance_norm_options",
+           "FormulatedBatchNorm2d", "use_batch_norm", "batch_norm_sites", "batch_norm_options"]
 
 
 class FormulatedInstanceNorm2d(nn.InstanceNorm2d):
@@ -62,3 +72,49 @@ def instance_norm_options(model: nn.Module) -> list[FormulationOption]:
     """:data:`INSTANCE_NORM_OPTION` for a model with instance norms (their count in its reason)."""
     sites = instance_norm_sites(model)
     return [INSTANCE_NORM_OPTION.at_sites(len(sites), "nn.InstanceNorm2d")] if sites else []
+
+
+class FormulatedBatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` whose inputs are normalised per its ``impl`` (module doc)."""
+
+    impl = "aten"
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        tracked = not self.training or self.track_running_stats
+        return batch_norm2d(input, self.running_mean if tracked else None, self.running_var if tracked else None,
+                            self.weight, self.bias, use_batch_stats, factor, self.eps, self.impl)
+
+
+def batch_norm_sites(model: nn.Module) -> list[nn.BatchNorm2d]:
+    """The distinct ``nn.BatchNorm2d`` modules of ``model`` (exactly that type) that ``batch_norm``
+    applies to."""
+    return [m for m in model.modules() if type(m) in (nn.BatchNorm2d, FormulatedBatchNorm2d)]
+
+
+def use_batch_norm(model: nn.Module, impl: str = "aten") -> list[str]:
+    """Give ``model``'s batch norms the formulation ``impl``; the step's report lines (an unknown
+    value: ``FormulationError``)."""
+    Formulation(batch_norm=impl).check()
+    sites = batch_norm_sites(model)
+    for norm in sites:                  # the class only: buffers and hooks stay the module's
+        if impl != "aten":
+            norm.__class__ = FormulatedBatchNorm2d
+            norm.impl = impl
+        elif type(norm) is FormulatedBatchNorm2d:
+            norm.__class__ = nn.BatchNorm2d
+            norm.__dict__.pop("impl", None)
+    if impl == "aten" or not sites:
+        return []
+    return [f"batch norm: {impl} in {sites_text(len(sites), 'nn.BatchNorm2d')}"]
+
+
+def batch_norm_options(model: nn.Module) -> list[FormulationOption]:
+    """:data:`BATCH_NORM_OPTION` for a model with batch norms (their count in its reason)."""
+    sites = batch_norm_sites(model)
+    return [BATCH_NORM_OPTION.at_sites(len(sites), "nn.BatchNorm2d")] if sites else []

@@ -24,7 +24,7 @@ from ..hparams import HParamsError, apply_overrides, parse_overrides, typed_valu
 from ..models.formulation import FORMULATION_FIELDS, Formulation, FormulationError
 from .conv_formulations import dilated_conv_sites, pointwise_conv_sites
 from .linear_formulations import attention_sites, linear_sites
-from .norm_formulations import instance_norm_sites
+from .norm_formulations import batch_norm_sites, instance_norm_sites
 from .dropout_masks import has_dropout
 
 __all__ = ["Strategy", "StrategyError", "validate_for_model"]
@@ -77,6 +77,7 @@ class Strategy:
     pointwise_conv: str = "aten"        # "aten" | "gemm" (small 1x1 conv calls; fp32 reordering)
     se_backward: str = "aten"           # "aten" | "fused" (squeeze-excitation backward; the same numbers)
     instance_norm: str = "aten"         # "aten" | "per_sample" (channels-last instance norms; fp32 reordering)
+    batch_norm: str = "aten"            # "aten" | "two_pass" (channels-last batch-norm statistics; fp32 reordering)
     linear_gemm: str = "aten"           # "aten" | "onednn" (nn.Linear GEMMs from oneDNN, CPU; fp32 reordering)
     clip_via_lr: bool = False           # plain SGD: clip by scaling the step's lr (changes rounding)
 
@@ -252,6 +253,7 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
     site for them: ``dropout_masks`` by an ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`,
     ``dilated_conv_wgrad`` and ``pointwise_conv`` by a dilated and a 1x1 ``nn.Conv2d``,
     :mod:`hotloop.engine.conv_formulations`, ``instance_norm`` by a plain ``nn.InstanceNorm2d``,
+    ``batch_norm`` by an ``nn.BatchNorm2d``,
     :mod:`hotloop.engine.norm_formulations`, ``linear_gemm`` by a plain ``nn.Linear`` or
     ``nn.MultiheadAttention``,
     :mod:`hotloop.engine.linear_formulations`)."""
@@ -260,6 +262,7 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
              "dilated_conv_wgrad": "a dilated nn.Conv2d (stride 1, one group)",
              "pointwise_conv": "an unpadded 1x1 nn.Conv2d (stride 1, one group)",
              "instance_norm": "an nn.InstanceNorm2d without affine parameters or running statistics",
+             "batch_norm": "an nn.BatchNorm2d",
              "linear_gemm": "an nn.Linear or nn.MultiheadAttention"}
     if has_dropout(model):
         reads.add("dropout_masks")
@@ -269,6 +272,8 @@ def validate_for_model(strategy: Strategy, model: torch.nn.Module) -> None:
         reads.add("pointwise_conv")
     if instance_norm_sites(model):
         reads.add("instance_norm")
+    if batch_norm_sites(model):
+        reads.add("batch_norm")
     if linear_sites(model) or attention_sites(model):
         reads.add("linear_gemm")
     foreign = sorted(set(strategy.formulation.changed()) - reads)

@@ -5,7 +5,7 @@ norm). How the same function is evaluated (which LSTM kernel, whether the output
 projection and cross-entropy are chunked, the operand dtype of their GEMMs, how
 dropout masks are drawn, how RoIAlign pools, how a dilated convolution's weight gradient is
 summed, whether a 1x1 convolution is a GEMM, how a squeeze-excitation gate's backward runs, how an
-instance norm of a channels-last map is computed, which library's GEMMs a linear layer calls) is a
+instance or batch norm of a channels-last map is computed, which library's GEMMs a linear layer calls) is a
 speed choice: it belongs to the Strategy, where ``--strategy auto`` times it on the machine at hand
 and the parity guard checks it. :class:`Formulation` is the typed view of those Strategy fields that a model
 reads; the plain fp32 formulation is its default.
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import UserError
+from ..ops.batch_norm import BATCH_NORMS
 from ..ops.dilated_conv import DILATED_CONV_WGRADS
 from ..ops.dropout import DROPOUT_MASKS
 from ..ops.instance_norm import INSTANCE_NORMS
@@ -33,7 +34,8 @@ from .lstm_cells import LSTM_IMPLS
 __all__ = ["Formulation", "FormulationOption", "FormulationError", "FORMULATION_FIELDS",
            "FORMULATION_CHOICES", "GEMM_DTYPES", "ROUNDING", "ENGINE_FIELDS", "RANDOM_STREAM_FIELDS",
            "BITS16_OPTION", "FUSED_CE_OPTIONS", "TAPS_OPTION",
-           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION", "INSTANCE_NORM_OPTION", "ONEDNN_LINEAR_OPTION", "sites_text"]
+           "POINTWISE_GEMM_OPTION", "SE_FUSED_OPTION", "INSTANCE_NORM_OPTION", "BATCH_NORM_OPTION",
+           "ONEDNN_LINEAR_OPTION", "sites_text"]
 
 #: accepted values of the string fields
 GEMM_DTYPES = ("fp32", "bf16")
@@ -47,6 +49,7 @@ FORMULATION_CHOICES: dict[str, tuple[str, ...]] = {
     "pointwise_conv": POINTWISE_CONVS,
     "se_backward": SE_BACKWARDS,
     "instance_norm": INSTANCE_NORMS,
+    "batch_norm": BATCH_NORMS,
     "linear_gemm": LINEAR_GEMMS,
 }
 
@@ -57,9 +60,11 @@ ROUNDING = ("fp32", "bf16", "random_stream")
 #: fields the engine applies to any model besides the models that read them (``dropout_masks``:
 #: every ``nn.Dropout`` module, :mod:`hotloop.engine.dropout_masks`; ``dilated_conv_wgrad`` and
 #: ``pointwise_conv``: dilated and 1x1 ``nn.Conv2d``, :mod:`hotloop.engine.conv_formulations`;
-#: ``instance_norm``: plain ``nn.InstanceNorm2d``, :mod:`hotloop.engine.norm_formulations`;
+#: ``instance_norm`` and ``batch_norm``: plain ``nn.InstanceNorm2d`` and ``nn.BatchNorm2d``,
+#: :mod:`hotloop.engine.norm_formulations`;
 #: ``linear_gemm``: plain ``nn.Linear``, :mod:`hotloop.engine.linear_formulations`)
-ENGINE_FIELDS = ("dropout_masks", "dilated_conv_wgrad", "pointwise_conv", "instance_norm", "linear_gemm")
+ENGINE_FIELDS = ("dropout_masks", "dilated_conv_wgrad", "pointwise_conv", "instance_norm", "batch_norm",
+                 "linear_gemm")
 #: fields whose other values draw other random numbers (same distribution)
 RANDOM_STREAM_FIELDS = ("dropout_masks",)
 
@@ -83,6 +88,7 @@ class Formulation:
     pointwise_conv: str = "aten"      # 1x1 convs: "aten" | "gemm" (one GEMM for small calls)
     se_backward: str = "aten"         # squeeze-excitation gate's backward: "aten" | "fused" (fewer map passes)
     instance_norm: str = "aten"       # instance norms: "aten" | "per_sample" (channels-last, no layout copies)
+    batch_norm: str = "aten"          # batch norms: "aten" | "two_pass" (channels-last statistics in two passes)
     linear_gemm: str = "aten"         # nn.Linear GEMMs: "aten" (the BLAS) | "onednn" (CPU; fp32 reordering)
 
     def check(self) -> "Formulation":
@@ -184,6 +190,13 @@ SE_FUSED_OPTION = FormulationOption("se_backward=fused", {"se_backward": "fused"
 INSTANCE_NORM_OPTION = FormulationOption("instance_norm=per_sample", {"instance_norm": "per_sample"},
                                          "instance norms of channels-last maps per sample, no layout copies",
                                          expected_gain=0.05, timed_with={"channels_last": True})
+
+#: batch norms of channels-last maps with statistics summed in two passes, as accurate as the NCHW
+#: kernel (:mod:`hotloop.ops.batch_norm`): offered by the engine, on a CPU, for models with
+#: ``nn.BatchNorm2d`` (SE-ResNeXt, DeepLabV3+, YOLOv3)
+BATCH_NORM_OPTION = FormulationOption("batch_norm=two_pass", {"batch_norm": "two_pass"},
+                                      "batch norms of channels-last maps with two-pass statistics",
+                                      cpu_only=True, expected_gain=0.05, timed_with={"channels_last": True})
 
 
 #: every plain ``nn.Linear``'s three GEMMs from oneDNN's kernels instead of the BLAS's

@@ -54,7 +54,7 @@ from .formulation_candidates import clip_foldable, formulation_options
 from .feed_trial import FEED_STEPS, confirm_feeding, worth_timing
 from .reader_trial import confirm_workers
 from .ranking import NOT_REACHED, against, is_switch, judging_order
-from .rescue import PartJudge, keeps_rescue, without_failed_parts
+from .rescue import PartJudge, keeps_rescue, with_winner, without_failed_parts
 from .significance import Comparison
 from .stages import run_in_stages
 from .tolerances import THREADS_TOL, parity_tolerance
@@ -334,12 +334,16 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         judge = PartJudge(     # the parts of a failed combination that judging left open (tools/rescue.py)
             passes=lambda t: _passes(t, baseline, runner, floors),
             affordable=lambda t: budget.remaining() > 2 * PARITY_STEPS * (t.median + baseline.median))
-        rescue = without_failed_parts(trials, winner, baseline, min_gain, judge) if baseline.measured else None
-        if rescue is not None:     # a failed combination less its failing parts (tools/rescue.py)
-            trials += runner.run_candidates([rescue], baseline, max_trial_steps, budget, reserve_steps=2 * PARITY_STEPS)
-            if (_choose([rescue], baseline, runner, min_gain, floors) is rescue
-                    and keeps_rescue(rescue, winner, baseline)):
-                winner = rescue
+        # a failed combination less its failing parts, then with the winner on top (tools/rescue.py)
+        for make_rescue in (lambda: without_failed_parts(trials, winner, baseline, min_gain, judge),
+                            lambda: with_winner(trials, winner, baseline)):
+            rescue = make_rescue() if baseline.measured else None
+            if rescue is not None:
+                trials += runner.run_candidates([rescue], baseline, max_trial_steps, budget,
+                                                reserve_steps=2 * PARITY_STEPS)
+                if (_choose([rescue], baseline, runner, min_gain, floors) is rescue
+                        and keeps_rescue(rescue, winner, baseline)):
+                    winner = rescue
         _record_compiles(key, trials)
         pipeline = [p for p in proposals if not p.timed]
         strategy = winner.strategy

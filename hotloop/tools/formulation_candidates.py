@@ -16,7 +16,7 @@ from ..engine.clipping import clip_via_lr_unavailable
 from ..engine.conv_formulations import conv_formulation_options
 from ..engine.dropout_masks import with_dropout_option
 from ..engine.linear_formulations import linear_gemm_options
-from ..engine.norm_formulations import instance_norm_options
+from ..engine.norm_formulations import batch_norm_options, instance_norm_options
 from ..errors import UserError
 from ..hparams import HParams
 from ..models.formulation import FormulationOption
@@ -29,7 +29,8 @@ def formulation_options(model: nn.Module) -> list[FormulationOption]:
     """The model's own options and the engine's for the modules it has (module doc)."""
     options = getattr(model, "formulation_options", None)
     return (with_dropout_option(list(options()) if callable(options) else [], model)
-            + conv_formulation_options(model) + instance_norm_options(model) + linear_gemm_options(model))
+            + conv_formulation_options(model) + instance_norm_options(model) + batch_norm_options(model)
+            + linear_gemm_options(model))
 
 
 def clip_foldable(hp: HParams, device: torch.device) -> bool:

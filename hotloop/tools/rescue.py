@@ -1,4 +1,5 @@
-"""A combination that failed parity, timed again without the parts that fail parity alone.
+"""A combination that failed parity, timed again without the parts that fail parity alone, or with
+the winner's settings on top.
 
 Stage two (:mod:`hotloop.tools.stages`) combines every setting that measured faster alone. When
 one of them changes the rounding more than the model tolerates (a formulation whose fp32
@@ -24,7 +25,7 @@ from .significance import significantly_slower
 from .stages import ALL_FASTER, ALL_NOT_SLOWER
 from .trials import Trial
 
-__all__ = ["PartJudge", "without_failed_parts", "keeps_rescue"]
+__all__ = ["PartJudge", "without_failed_parts", "with_winner", "keeps_rescue"]
 
 _COMBINED = (ALL_NOT_SLOWER, ALL_FASTER)
 
@@ -76,6 +77,26 @@ def without_failed_parts(trials: Sequence[Trial], winner: Trial, baseline: Trial
                        f"{combined.label} without the parts that fail alone ({', '.join(t.label for t in failed)})")
         if rescue.strategy not in seen and (winner is baseline or holds(rescue, winner, base)):
             return rescue
+    return None
+
+
+def with_winner(trials: Sequence[Trial], winner: Trial, baseline: Trial) -> Trial | None:
+    """The first failed eager combination with ``winner``'s settings on top (module doc), when none
+    conflicts with the combination's and no trial had the result's Strategy; else None."""
+    base = baseline.strategy
+    adds = winner.strategy.changes_from(base)
+    if winner is baseline or not adds:
+        return None
+    seen = {t.strategy for t in trials} | {base}
+    for combined in (t for label in _COMBINED for t in trials if t.label == label and _rejected(t)
+                     and t.compile_cost == 0):
+        changes = combined.strategy.changes_from(base)
+        if any(k in changes and changes[k] != v for k, v in adds.items()):
+            continue
+        repaired = Trial(f"{combined.label} + {winner.label}", combined.strategy.replace(**adds),
+                         f"{combined.label} with the winner's settings on top ({winner.label})")
+        if repaired.strategy not in seen:
+            return repaired
     return None
 
 

@@ -75,11 +75,26 @@ def test_a_phased_step_builds_compiled_networks_under_inductor_only():
 def test_cyclegan_under_inductor_trains_like_eager():
     """The real compile of the tiny CycleGAN's generator and discriminator (about 50 s cold on 2
     cores). The pool (size 2, full after the first step) draws its swaps in eager's random stream,
-    so the losses stay within inductor's 1e-4."""
+    so the losses stay within inductor's 1e-4, or within CHAOS_FACTOR x the largest deviation of
+    eager from weights moved by one ulp (``FLOOR_SEEDS`` sign patterns): on a 2-core AMD EPYC Zen 3
+    (AVX2) inductor's losses land 2.1e-4 from eager's over the 3 steps, and so does eager from one
+    of the three one-ulp moves (the other two 9.2e-8). The update check is not loosened."""
     from torch._dynamo.utils import counters
+
+    from hotloop.engine.parity import STREAM_SEEDS, run_steps
+    from hotloop.tools.trajectory import CHAOS_FACTOR, FLOOR_SEEDS, perturb_weights, worst_rel_diff
     before = counters["stats"]["unique_graphs"]
-    result = check_parity(model_case("cyclegan", "tiny", steps=3), Strategy(backend="inductor"))
-    assert result.ok and result.fallback_reason is None and result.tol == 1e-4, result
+    build = model_case("cyclegan", "tiny", steps=3)
+    result = check_parity(build, Strategy(backend="inductor"))
+    assert result.fallback_reason is None and result.tol == 1e-4, result
+    if not result.ok:
+        deviations = []
+        for seed in FLOOR_SEEDS:
+            case = build()
+            torch.manual_seed(STREAM_SEEDS[0])
+            perturb_weights(case.model, "fp32", seed)
+            deviations.append(worst_rel_diff(run_steps(case, Strategy(), 3)[0], result.losses_ref))
+        assert worst_rel_diff(result.losses, result.losses_ref) <= CHAOS_FACTOR * max(deviations), (result, deviations)
     assert counters["stats"]["unique_graphs"] > before                     # dynamo compiled the networks
     assert sum(line.startswith("inductor: compiled") or line.startswith("inductor: loaded")
                for line in result.report) == 2, result.report                # one first call per phase

@@ -178,7 +178,10 @@ def test_dropout_models_get_the_same_masks_in_every_trial(tiny_model, copy_probl
     assert same_math, [(t.label, t.status) for t in report.trials]
     eager = next(t for t in report.trials if t.label == "eager")
     n = min(len(same_math[0].losses), len(eager.losses))
-    assert n >= 3 and same_math[0].losses[:n] == eager.losses[:n]   # same masks: identical losses
+    # same masks: the same losses up to the one-kernel update's rounding (bitwise where the CPU's
+    # vector width gives both updates one summation order; 1-ulp apart on an AVX2-only CPU), where
+    # other masks at p=0.5 move them by percents
+    assert n >= 3 and all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(same_math[0].losses[:n], eager.losses[:n]))
     assert same_math[0].parity.startswith(("ok", "not judged: one judged before it passed")), same_math[0].parity
     chosen = next(t for t in report.trials if t.label == report.chosen)
     # check_parity seeds its runs itself: a dropout model's winner passes it (the same masks again)

@@ -1,12 +1,13 @@
 """tools/rescue.py: a combination that failed parity is timed again without the parts that failed
-parity alone, and replaces the narrower winner unless it measured slower."""
+parity alone, or with the winner's settings on top, and replaces the narrower winner unless it
+measured slower."""
 from __future__ import annotations
 
 import random
 
 from hotloop.tools.proposals import baseline_strategy
 from hotloop.tools.ranking import NOT_REACHED
-from hotloop.tools.rescue import PartJudge, keeps_rescue, without_failed_parts
+from hotloop.tools.rescue import PartJudge, keeps_rescue, with_winner, without_failed_parts
 from hotloop.tools.trials import Trial
 
 BASE = baseline_strategy()
@@ -130,3 +131,39 @@ def test_the_rescue_replaces_the_winner_unless_it_measured_slower() -> None:
     assert keeps_rescue(rescue, trials[0], baseline)
     rescue.step_times = [1.2 * t for t in baseline.step_times]
     assert not keeps_rescue(rescue, trials[0], baseline)
+
+
+def _se_resnext_zen3_like() -> tuple[Trial, list[Trial]]:
+    """SE-ResNeXt's fp32 tune on a Zen 3: channels_last and the formulations timed in it fail the
+    trajectory (aten's channels-last batch norm), the two-pass batch norm in channels_last passes
+    and wins alone; the combination without it failed."""
+    baseline = _trial("eager", "reference", 1.0)
+    layout = _trial("channels_last", "REJECTED (loss rel diff 2.02e-04 > ..)", 0.66, channels_last=True)
+    gemm = _trial("pointwise_conv=gemm", "REJECTED (..)", 0.64, channels_last=True, pointwise_conv="gemm")
+    fused = _trial("fused_optimizer", "ok", 0.97, **FUSED)
+    two_pass = _trial("batch_norm=two_pass", "ok (..); check_parity ok (..)", 0.78, channels_last=True,
+                      batch_norm="two_pass")
+    combined = _trial("all faster", "REJECTED (loss rel diff 2.01e-04 > ..)", 0.64, channels_last=True,
+                      pointwise_conv="gemm", **FUSED)
+    return baseline, [layout, gemm, fused, two_pass, combined]
+
+
+def test_the_failed_combination_is_proposed_with_the_winner_on_top() -> None:
+    baseline, trials = _se_resnext_zen3_like()
+    repaired = with_winner(trials, trials[3], baseline)
+    assert repaired is not None and repaired.label == "all faster + batch_norm=two_pass"
+    assert repaired.strategy.changes_from(BASE) == {"channels_last": True, "pointwise_conv": "gemm",
+                                                    "batch_norm": "two_pass", **FUSED}
+
+
+def test_no_winner_on_top_when_eager_won_it_conflicts_or_was_timed() -> None:
+    baseline, trials = _se_resnext_zen3_like()
+    assert with_winner(trials, baseline, baseline) is None                       # nothing to add
+    trials[-1] = _trial("all faster", "REJECTED (..)", 0.64, channels_last=True, intra_op_threads=2, **FUSED)
+    one_thread = _trial("threads=1", "ok", 0.95, intra_op_threads=1)
+    assert with_winner(trials + [one_thread], one_thread, baseline) is None      # a field set otherwise
+    baseline, trials = _se_resnext_zen3_like()
+    timed = _trial("timed", "ok", 0.6, channels_last=True, pointwise_conv="gemm", batch_norm="two_pass", **FUSED)
+    assert with_winner(trials + [timed], trials[3], baseline) is None            # already timed
+    trials[-1].parity = "ok (..); check_parity ok"                              # the combination passed
+    assert with_winner(trials, trials[3], baseline) is None
