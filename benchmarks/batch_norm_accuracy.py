@@ -5,7 +5,7 @@ Three forms: aten's kernel on an NCHW map, aten's kernel on a channels-last map,
 
 - one ``[64, 64, 28, 28]`` map (values ``3 * randn + 1``, an affine norm): the relative error of the
   batch mean and variance, the output and the three gradients against float64, and the forward +
-  backward time (medians of interleaved rounds, after warm-up);
+  backward time of the prepared fp32 inputs (medians of interleaved rounds, after warm-up);
 - ``se_resnext_small`` on one ``image_mnist`` batch of 64: the relative error of all parameter
   gradients together against the float64 model;
 - 12 training steps (``run_steps``, Adam) from the same weights and batches: the worst relative loss
@@ -52,26 +52,33 @@ def _op_rows(rounds: int) -> dict[str, dict[str, float]]:
     gy64 = torch.randn(x64.shape, generator=gen, dtype=torch.float64)
     w64, b64 = torch.rand(64, generator=gen, dtype=torch.float64) + 0.5, torch.randn(64, generator=gen, dtype=torch.float64)
 
-    def run(dtype: torch.dtype, channels_last: bool, impl: str) -> tuple[torch.Tensor, ...]:
+    def inputs(dtype: torch.dtype, channels_last: bool) -> tuple[torch.Tensor, ...]:
+        """The map, its upstream gradient, weight and bias in ``dtype`` and the layout (leaves)."""
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        x = x64.to(dtype, copy=True).contiguous(memory_format=fmt).requires_grad_()
-        w, b = w64.to(dtype, copy=True).requires_grad_(), b64.to(dtype, copy=True).requires_grad_()
-        mean, var = torch.zeros(64, dtype=dtype), torch.zeros(64, dtype=dtype)
+        return (x64.to(dtype, copy=True).contiguous(memory_format=fmt).requires_grad_(),
+                gy64.to(dtype, copy=True).contiguous(memory_format=fmt),
+                w64.to(dtype, copy=True).requires_grad_(), b64.to(dtype, copy=True).requires_grad_())
+
+    def run(x: torch.Tensor, gy: torch.Tensor, w: torch.Tensor, b: torch.Tensor, impl: str) -> tuple[torch.Tensor, ...]:
+        """The batch mean and variance, the output and the three gradients (set to None first)."""
+        x.grad = w.grad = b.grad = None
+        mean, var = torch.zeros(64, dtype=x.dtype), torch.zeros(64, dtype=x.dtype)
         y = batch_norm2d(x, mean, var, w, b, True, 1.0, 1e-5, impl)      # momentum 1: the batch statistics
-        y.backward(gy64.to(dtype).contiguous(memory_format=fmt))
+        y.backward(gy)
         return mean, var * (x.numel() // 64 - 1) / (x.numel() // 64), y.detach(), x.grad, w.grad, b.grad
 
-    want = run(torch.float64, False, "aten")
+    want = run(*inputs(torch.float64, False), "aten")
+    prepared = {name: inputs(torch.float32, channels_last) for name, (channels_last, _) in FORMS.items()}
     rows = {}
-    for name, (channels_last, impl) in FORMS.items():
-        got = run(torch.float32, channels_last, impl)
+    for name, (_, impl) in FORMS.items():
+        got = run(*prepared[name], impl)
         rows[name] = dict(zip(("mean", "var", "output", "input_grad", "weight_grad", "bias_grad"),
                               (_rel(g, w) for g, w in zip(got, want))))
     times: dict[str, list[float]] = {name: [] for name in FORMS}
     for r in range(rounds + 2):                                     # two warm-up rounds
-        for name, (channels_last, impl) in FORMS.items():
+        for name, (_, impl) in FORMS.items():
             start = time.perf_counter()
-            run(torch.float32, channels_last, impl)
+            run(*prepared[name], impl)
             if r >= 2:
                 times[name].append(time.perf_counter() - start)
     for name in FORMS:

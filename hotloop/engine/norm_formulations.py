@@ -41,6 +41,18 @@ class FormulatedInstanceNorm2d(nn.InstanceNorm2d):
         return super().forward(input)
 
 
+def _swap_class(norms: list[nn.Module], formulated_cls: type, plain_cls: type, impl: str, formulated: bool) -> None:
+    """Make each of ``norms`` a ``formulated_cls`` computing per ``impl``, or (``formulated`` False)
+    a ``plain_cls`` again; the class only: buffers and hooks stay the module's."""
+    for norm in norms:
+        if formulated:
+            norm.__class__ = formulated_cls
+            norm.impl = impl
+        elif type(norm) is formulated_cls:
+            norm.__class__ = plain_cls
+            norm.__dict__.pop("impl", None)
+
+
 def instance_norm_sites(model: nn.Module) -> list[nn.InstanceNorm2d]:
     """The distinct ``nn.InstanceNorm2d`` modules of ``model`` that ``instance_norm`` applies to."""
     return [m for m in model.modules() if type(m) in (nn.InstanceNorm2d, FormulatedInstanceNorm2d)
@@ -53,13 +65,7 @@ def use_instance_norm(model: nn.Module, impl: str = "aten", channels_last: bool 
     Formulation(instance_norm=impl).check()
     sites = instance_norm_sites(model)
     formulated = impl != "aten" or channels_last
-    for norm in sites:                  # the class only: buffers and hooks stay the module's
-        if formulated:
-            norm.__class__ = FormulatedInstanceNorm2d
-            norm.impl = impl
-        elif type(norm) is FormulatedInstanceNorm2d:
-            norm.__class__ = nn.InstanceNorm2d
-            norm.__dict__.pop("impl", None)
+    _swap_class(sites, FormulatedInstanceNorm2d, nn.InstanceNorm2d, impl, formulated)
     if not formulated or not sites:
         return []
     modules = sites_text(len(sites), "nn.InstanceNorm2d")
@@ -102,13 +108,7 @@ def use_batch_norm(model: nn.Module, impl: str = "aten") -> list[str]:
     value: ``FormulationError``)."""
     Formulation(batch_norm=impl).check()
     sites = batch_norm_sites(model)
-    for norm in sites:                  # the class only: buffers and hooks stay the module's
-        if impl != "aten":
-            norm.__class__ = FormulatedBatchNorm2d
-            norm.impl = impl
-        elif type(norm) is FormulatedBatchNorm2d:
-            norm.__class__ = nn.BatchNorm2d
-            norm.__dict__.pop("impl", None)
+    _swap_class(sites, FormulatedBatchNorm2d, nn.BatchNorm2d, impl, impl != "aten")
     if impl == "aten" or not sites:
         return []
     return [f"batch norm: {impl} in {sites_text(len(sites), 'nn.BatchNorm2d')}"]

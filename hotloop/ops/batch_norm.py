@@ -3,10 +3,11 @@
 
 aten's channels-last batch-norm kernel on a CPU sums each channel's statistics in fp32, one
 row after another over all ``N*H*W`` positions. On a 2-core AMD EPYC Zen 3 (AVX2, torch
-2.13) a ``[64, 64, 28, 28]`` map's mean comes out 4.0e-6 from its fp64 value (relative), its
-variance 6.1e-6, and the input gradient 1.2e-6; the contiguous (NCHW) kernel gets 5.7e-8,
-1.7e-7 and 7.2e-8. In a whole SE-ResNeXt step every parameter gradient lands 30x farther from
-fp64 in channels-last than in NCHW, all of it from batch norm.
+2.13) a ``[64, 64, 28, 28]`` map's mean comes out 1.5e-6 from its fp64 value (relative), its
+variance 2.5e-6, and the input gradient 1.2e-6; the contiguous (NCHW) kernel gets 3.1e-8,
+5.3e-8 and 7.2e-8. In a whole ``se_resnext_small`` step the parameter gradients land 3.3e-3 from
+fp64 in channels-last and 1.1e-4 in NCHW; with this form in channels-last, 1.1e-4
+(``benchmarks/batch_norm_accuracy.py``, ``docs/data/batch_norm_accuracy_zen3.json``).
 
 ``"two_pass"`` computes the same function from the map viewed as ``[N*H*W, C]``: the mean as a
 column sum (aten's cascaded reduction), the variance from the centred values in a second
@@ -22,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .instance_norm import stored_channels_last
 
 __all__ = ["BATCH_NORMS", "batch_norm2d"]
 
@@ -72,11 +75,6 @@ class _TwoPassBatchNorm(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None
 
 
-def _channels_last(x: Tensor) -> bool:
-    """Whether ``x`` [N, C, H, W] is stored channels-last (and not also contiguous)."""
-    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-
-
 def batch_norm2d(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
                  weight: Tensor | None, bias: Tensor | None, training: bool, momentum: float,
                  eps: float, impl: str = "aten") -> Tensor:
@@ -85,7 +83,7 @@ def batch_norm2d(x: Tensor, running_mean: Tensor | None, running_var: Tensor | N
     if impl not in BATCH_NORMS:
         raise ValueError(f"batch_norm={impl!r}; choose one of {list(BATCH_NORMS)}")
     count = x.numel() // x.shape[1] if x.dim() == 4 and x.shape[1] else 0
-    if (impl == "aten" or not training or x.dim() != 4 or count < 2 or not _channels_last(x)
+    if (impl == "aten" or not training or x.dim() != 4 or count < 2 or not stored_channels_last(x)
             or torch.compiler.is_compiling()):
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     y, mean, var = _TwoPassBatchNorm.apply(x, weight, bias, eps)

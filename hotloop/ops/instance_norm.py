@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["INSTANCE_NORMS", "instance_norm2d"]
+__all__ = ["INSTANCE_NORMS", "instance_norm2d", "stored_channels_last"]
 
 #: ``Strategy.instance_norm`` values: aten's instance norm, or per-sample batch norm in channels-last
 INSTANCE_NORMS = ("aten", "per_sample")
@@ -32,7 +32,7 @@ INSTANCE_NORMS = ("aten", "per_sample")
 _aten = torch.ops.aten
 
 
-def _channels_last(x: Tensor) -> bool:
+def stored_channels_last(x: Tensor) -> bool:
     """Whether ``x`` [B, C, H, W] is stored channels-last (and not also contiguous)."""
     return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
@@ -72,7 +72,7 @@ def instance_norm2d(x: Tensor, eps: float = 1e-5, impl: str = "aten") -> Tensor:
         raise ValueError(f"instance_norm={impl!r}; choose one of {list(INSTANCE_NORMS)}")
     if x.dim() == 4 and x.shape[0] == 1:              # one sample: its instance norm is its batch norm
         return F.batch_norm(x, None, None, training=True, momentum=0.0, eps=eps)
-    if (impl == "per_sample" and x.dim() == 4 and x.shape[0] > 0 and _channels_last(x)
+    if (impl == "per_sample" and x.dim() == 4 and x.shape[0] > 0 and stored_channels_last(x)
             and not torch.compiler.is_compiling()):
         return _PerSampleNorm.apply(x, eps)
     return F.instance_norm(x, eps=eps)

@@ -338,12 +338,12 @@ def tune(model: nn.Module, problem: Problem, hp: HParams, device: torch.device |
         for make_rescue in (lambda: without_failed_parts(trials, winner, baseline, min_gain, judge),
                             lambda: with_winner(trials, winner, baseline)):
             rescue = make_rescue() if baseline.measured else None
-            if rescue is not None:
-                trials += runner.run_candidates([rescue], baseline, max_trial_steps, budget,
-                                                reserve_steps=2 * PARITY_STEPS)
-                if (_choose([rescue], baseline, runner, min_gain, floors) is rescue
-                        and keeps_rescue(rescue, winner, baseline)):
-                    winner = rescue
+            if rescue is None:
+                continue
+            trials += runner.run_candidates([rescue], baseline, max_trial_steps, budget, reserve_steps=2 * PARITY_STEPS)
+            chosen = _choose([rescue], baseline, runner, min_gain, floors) is rescue
+            if chosen and keeps_rescue(rescue, winner, baseline):
+                winner = rescue
         _record_compiles(key, trials)
         pipeline = [p for p in proposals if not p.timed]
         strategy = winner.strategy

@@ -14,6 +14,14 @@ passed. :func:`without_failed_parts` builds the combination less the failed part
 tuner then times and judges like any other; it replaces the winner when it holds every setting of
 the winner and is not slower than it with 90% confidence (the rule
 :func:`hotloop.tools.ranking.judging_order` applies to wider candidates).
+
+A part may fail alone for want of another. On a 2-core AMD EPYC Zen 3 aten's channels-last batch
+norm sums its statistics in fp32 row after row, so ``channels_last`` and every formulation timed in
+it fail SE-ResNeXt's trajectory (2.0e-4 against 4 x a chaos floor of 2.9e-5), while
+``batch_norm=two_pass`` in channels-last passes (5.3e-5) and wins judging alone, slower than the
+failed combination it would make pass (``docs/data/zoo_zen3_tune_tables.json``). :func:`with_winner`
+builds that candidate: the first failed eager combination with the winner's settings on top, where
+no field conflicts; it replaces the winner by the same rule.
 """
 from __future__ import annotations
 
