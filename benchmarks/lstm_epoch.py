@@ -56,7 +56,7 @@ from hotloop.compose.restore import find_checkpoint, load_trained  # noqa: E402
 #: the fields of auto's choice the JSON keeps (its execution settings and the LSTM's formulation)
 STRATEGY_KEYS = ("precision", "fused_optimizer", "fused_kernel", "backend", "intra_op_threads", "prefetch",
                  "num_workers", "fused_ce", "ce_gemm_dtype", "lstm_impl", "lstm_gemm_dtype", "dropout_masks",
-                 "clip_via_lr")
+                 "clip_via_lr", "linear_gemm")
 
 __all__ = ["plain_epoch", "expert_epoch", "loop_epoch", "hotloop_epoch", "main"]
 

@@ -9,6 +9,8 @@ faster). The process runs with the Trainer's process settings.
 
     python benchmarks/strategy_pair.py --model se_resnext50 --a fused_optimizer=True,channels_last=True \\
         --b fused_optimizer=True,channels_last=True,se_backward=fused --json F
+
+``--model PROBLEM/MODEL/HPARAMS`` names a run outside the zoo (``ptb_lm/lstm_lm/lstm_lm_example``).
 """
 from __future__ import annotations
 
@@ -41,9 +43,15 @@ __all__ = ["pair_row", "main"]
 
 def pair_row(name: str, a: str, b: str, *, rounds: int = 8, block: int = 3, batches: int = 4,
              size: str = "small", device: torch.device = torch.device("cpu")) -> dict[str, Any]:
-    """The two steps on ``name``'s zoo configuration (module doc); medians and the paired ratio."""
-    problem, hparams, overrides = SIZES[size][name]
-    run = build_run(problem, MODEL_OF.get(name, name), hparams, overrides or None, device=device)
+    """The two steps on ``name``'s zoo configuration, or on ``PROBLEM/MODEL/HPARAMS`` (module doc);
+    medians and the paired ratio."""
+    if name.count("/") == 2:
+        problem, model, hparams = name.split("/")
+        overrides = None
+    else:
+        problem, hparams, overrides = SIZES[size][name]
+        model = MODEL_OF.get(name, name)
+    run = build_run(problem, model, hparams, overrides or None, device=device)
     reader = iter(run.problem.reader("train", run.hp))
     made = [to_device(next(reader), device) for _ in range(batches)]
     strategies = {key: Strategy(**Strategy.parse_overrides(text)).validate(device)
@@ -76,7 +84,7 @@ def pair_row(name: str, a: str, b: str, *, rounds: int = 8, block: int = 3, batc
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a zoo model (benchmarks/zoo.py)")
+    parser.add_argument("--model", required=True, help="a zoo model (benchmarks/zoo.py), or PROBLEM/MODEL/HPARAMS")
     parser.add_argument("--a", required=True, metavar="K=V,...", help="the first Strategy's fields")
     parser.add_argument("--b", required=True, metavar="K=V,...", help="the second Strategy's fields")
     parser.add_argument("--rounds", type=int, default=8)

@@ -10,39 +10,51 @@ The optimizer state is kept in torch's own layout (parameters numbered in the or
 the optimizer's groups, as ``Optimizer.state_dict()`` gives it), not torch.distributed's
 parameter-name layout, so a checkpoint of an FSDP run resumes under DDP, ZeRO-1 or one
 process, and the other way round.
+
+``torch.distributed.checkpoint.state_dict`` and ``torch.distributed.tensor`` (about 0.7 s of
+imports on a 2-core CPU) are imported by the functions that use them, so a single-process run,
+which imports this module through the checkpoint code, does not pay for them; no parameter can be a
+``DTensor`` before ``torch.distributed.tensor`` is imported, which :func:`is_sharded` relies on.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
-from torch.distributed.tensor import DTensor
 
 __all__ = ["is_sharded", "full_model_state", "load_full_model_state", "full_optimizer_state",
-           "load_full_optimizer_state", "FULL_ON_RANK0"]
+           "load_full_optimizer_state", "full_on_rank0"]
 
-#: the full state on rank 0's CPU (what a single-file checkpoint holds)
-FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
-_FULL_EVERYWHERE = StateDictOptions(full_state_dict=True)
+
+def full_on_rank0() -> Any:
+    """``StateDictOptions``: the full state on rank 0's CPU (what a single-file checkpoint holds)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _full_everywhere() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True)
 
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether any parameter of ``model`` is a ``DTensor`` (sharded by FSDP)."""
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    dtensor_module = sys.modules.get("torch.distributed.tensor")    # not imported: no DTensor exists
+    return dtensor_module is not None and any(isinstance(p, dtensor_module.DTensor) for p in model.parameters())
 
 
 def full_model_state(model: nn.Module) -> dict[str, Any]:
     """Collective: the full model ``state_dict`` on rank 0 (CPU tensors), ``{}`` elsewhere."""
-    return get_model_state_dict(model, options=FULL_ON_RANK0)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(model, options=full_on_rank0())
 
 
 def load_full_model_state(model: nn.Module, state: dict[str, Any]) -> None:
     """Load a full (unsharded) model ``state_dict`` given on every rank; each keeps its shard."""
-    set_model_state_dict(model, state, options=_FULL_EVERYWHERE)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    set_model_state_dict(model, state, options=_full_everywhere())
 
 
 def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -53,7 +65,8 @@ def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Collective: the full optimizer ``state_dict`` (torch's numbered layout) on rank 0, ``{}`` elsewhere."""
-    by_name = get_optimizer_state_dict(model, optimizer, options=FULL_ON_RANK0)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    by_name = get_optimizer_state_dict(model, optimizer, options=full_on_rank0())
     if not by_name:
         return {}
     index = {name: i for i, name in enumerate(_names(model, optimizer))}
@@ -74,4 +87,5 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
     by_name = {"state": {names[int(i)]: value for i, value in state.get("state", {}).items()},
                "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
                                  "params": [names[int(i)] for i in g["params"]]} for g in groups]}
-    set_optimizer_state_dict(model, optimizer, by_name, options=_FULL_EVERYWHERE)
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    set_optimizer_state_dict(model, optimizer, by_name, options=_full_everywhere())

@@ -9,8 +9,8 @@
    and time eager, each step only while its estimate fits the budget;
 3. rules propose candidates (:mod:`hotloop.tools.proposals`); each one that compiles nothing
    is timed alone, then the ones that measured faster combined, with each compiling backend
-   on top (:mod:`hotloop.tools.stages`); the ones that fit the budget run interleaved with
-   the baseline (:mod:`hotloop.tools.trials`);
+   on top (:mod:`hotloop.tools.stages`; a budget too short for that times them all combined
+   first); the ones that fit the budget run interleaved with the baseline (:mod:`hotloop.tools.trials`);
 4. a candidate is chosen only if it beats eager by ``min_gain`` with 90%
    confidence over the rounds where both stepped (:mod:`hotloop.tools.significance`)
    (judged fastest first, a wider candidate within noise of a faster one before it:

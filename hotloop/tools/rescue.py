@@ -30,12 +30,12 @@ from typing import Callable, Sequence
 
 from .ranking import NOT_REACHED, against, holds, is_switch
 from .significance import significantly_slower
-from .stages import ALL_FASTER, ALL_NOT_SLOWER
+from .stages import ALL_FASTER, ALL_NOT_SLOWER, ALL_PROPOSED
 from .trials import Trial
 
 __all__ = ["PartJudge", "without_failed_parts", "with_winner", "keeps_rescue"]
 
-_COMBINED = (ALL_NOT_SLOWER, ALL_FASTER)
+_COMBINED = (ALL_NOT_SLOWER, ALL_FASTER, ALL_PROPOSED)
 
 
 @dataclass(frozen=True)

@@ -30,22 +30,46 @@ one's noise, entered the choice in one zoo run and not in the next.
 
 With one timed proposal there is one stage; with none that compiles nothing, stage one times
 the backends alone and stage two has nothing left to time.
+
+A short budget ends with single settings unjudged and no combination timed. So unless the budget
+left holds twice what it takes to bring each proposal of stage one, and then their combination, to
+the ``MIN_MEASURED`` steps a comparison needs (warm-up and steps priced at eager's step, with
+eager's paired steps: :func:`stage_one_price`), every proposal that compiles nothing is first timed
+combined (``all proposed``, :func:`combined_first`), and stage one goes on in what that leaves.
+Twice, because the budget shrinks as trials find faster steps (it is a share of the run priced at
+the fastest step measured): one epoch of ``lstm_lm_example`` on a 2-core EPYC Zen 5 has 2.7 s left
+when stage one starts against a 2.9 s minimum; timing the singles first, its tuner chose the fused
+output + CE alone, the budget shrinking with that faster step before the five other settings were
+measured (``docs/data/lstm_epoch_example_zen5.json``); timing the combination first, all six
+measured x0.35 of eager's step and were chosen (``docs/data/tune_lstm_epoch_zen5.json``), a step
+1.11x faster than the one setting's (``docs/data/lstm_pair_combined_zen5.json``). Thread
+counts stay out of ``all proposed``: one answers the machine's load or the model's op sizes, and is
+often slower alone (stage one still times it alone). A run whose budget holds stage one twice over
+times the singles first (every zoo row; ``docs/tune.md``, step 5).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from ..engine.strategy import Strategy
 from .proposals import Proposal, combine
 from .ranking import against, holds
 from .significance import Comparison
-from .trials import Budget, Trial, TrialRunner
+from .trials import MIN_MEASURED, Budget, Trial, TrialRunner
 
-__all__ = ["ALL_FASTER", "ALL_NOT_SLOWER", "TIE_ROUNDS_FACTOR", "stage_one", "stage_two", "faster_labels",
-           "not_slower_labels", "judged_against", "undecided", "stage_two_price", "extend_ties", "run_in_stages"]
+__all__ = ["ALL_FASTER", "ALL_NOT_SLOWER", "ALL_PROPOSED", "COMBINED_FIRST_MARGIN", "TIE_ROUNDS_FACTOR",
+           "stage_one", "stage_two",
+           "faster_labels", "not_slower_labels", "judged_against", "undecided", "stage_one_price", "combined_first",
+           "stage_two_price", "extend_ties", "run_in_stages"]
 
 ALL_FASTER = "all faster"
 ALL_NOT_SLOWER = "all not slower"
+#: every proposal that compiles nothing, combined: timed first when stage one cannot reach it
+ALL_PROPOSED = "all proposed"
+#: the singles go first only when the budget left holds this many times the minimum of them and
+#: their combination (:func:`combined_first`)
+COMBINED_FIRST_MARGIN = 2.0
 #: a tie gets extra rounds until it has this many times the trial's measured steps
 TIE_ROUNDS_FACTOR = 3
 
@@ -54,6 +78,33 @@ def stage_one(timed: Sequence[Proposal]) -> list[Proposal]:
     """The proposals timed alone first: every one that compiles nothing (all of them if one)."""
     eager = [p for p in timed if p.compile_cost == 0]
     return list(timed) if len(timed) < 2 or not eager else eager
+
+
+def stage_one_price(proposals: Sequence[Proposal], eager_step: float, warmup: int, steps: int) -> float:
+    """Seconds stage one needs for ``proposals`` to take ``steps`` measured steps each: each one's
+    warm-up and steps at eager's step (``eager_step``), its compile cost, and eager's paired steps."""
+    if not proposals:
+        return 0.0
+    return sum((warmup + steps) * eager_step + p.compile_cost for p in proposals) + steps * eager_step
+
+
+def combined_first(first: Sequence[Proposal], eager_step: float, warmup: int,
+                   seconds_left: float) -> Proposal | None:
+    """``all proposed`` (every proposal of stage one that compiles nothing and sets no thread count,
+    combined) unless ``seconds_left`` holds :data:`COMBINED_FIRST_MARGIN` times what it takes to give
+    each proposal and then the combination its warm-up and ``MIN_MEASURED`` paired steps
+    (:func:`stage_one_price`); else None."""
+    combined = combine([p for p in first if p.compile_cost == 0 and "intra_op_threads" not in p.changes],
+                       ALL_PROPOSED)
+    if combined is None or not eager_step > 0.0:
+        return None
+    reach = stage_one_price(first, eager_step, warmup, MIN_MEASURED)
+    reach += stage_one_price([combined], eager_step, warmup, MIN_MEASURED)
+    if COMBINED_FIRST_MARGIN * reach <= seconds_left:
+        return None
+    why = (f"timed first: judging {len(first)} settings alone and then combined needs ~{reach:.1f} s, "
+           f"{seconds_left:.1f} s left; ")
+    return replace(combined, rule=why + combined.rule)
 
 
 def stage_two(timed: Sequence[Proposal], faster: Sequence[str], not_slower: Sequence[str] = ()) -> list[Proposal]:
@@ -158,7 +209,13 @@ def run_in_stages(runner: TrialRunner, timed: Sequence[Proposal], reference: Tri
     def trials_of(proposals: Sequence[Proposal]) -> list[Trial]:
         return [Trial(p.label, p.apply(base), p.rule, compile_cost=p.compile_cost) for p in proposals]
 
-    done = runner.run_candidates(trials_of(stage_one(timed)), reference, steps, budget, reserve_steps=reserve_steps)
+    first = stage_one(timed)
+    eager_step = reference.own_estimate(reference.warmup_times[-1] if reference.warmup_times else 0.0)
+    combined = combined_first(first, eager_step, runner.warmup,
+                              budget.remaining() - reserve_steps * eager_step)
+    done = runner.run_candidates(trials_of([combined]), reference, steps, budget,
+                                 reserve_steps=reserve_steps) if combined is not None else []
+    done += runner.run_candidates(trials_of(first), reference, steps, budget, reserve_steps=reserve_steps)
     if len(timed) < 2:
         return done
     seen = {t.strategy for t in done} | {reference.strategy}

@@ -33,18 +33,19 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..parallel.fsdp_state import is_sharded as model_is_sharded
 
 from .checkpoint import CheckpointError, CorruptCheckpointError, load_checkpoint, save_checkpoint, write_failure
-from .dcp_io import READ_ERRORS, UnsafeMetadataError, load_full, load_into
 from .manifest import check_dir, read_dir_manifest, write_dir_manifest
+
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 __all__ = ["SUFFIX", "is_sharded", "ShardedSaver", "read_sharded", "rank_states", "fqn_to_indexed",
            "has_dtensors", "load_model_and_optimizer", "verify_sharded"]
@@ -54,6 +55,13 @@ MAIN_FILE = "main.ckpt"
 TENSOR_KEYS = ("model", "optimizer")    # the components DCP stores
 PER_RANK = ("rng",)                     # components every rank saves for itself
 _GROUP: dict[str, Any] = {}
+
+
+def _io() -> Any:
+    """:mod:`hotloop.train.dcp_io`, imported on first use: it imports DCP and DTensor (about 0.7 s
+    on a 2-core CPU), which a run of one process that never meets a sharded checkpoint does not need."""
+    from . import dcp_io
+    return dcp_io
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -100,7 +108,7 @@ def fqn_to_indexed(state: Mapping[str, Any]) -> dict[str, Any]:
     return {"state": {index[name]: value for name, value in saved.items()}, "param_groups": groups}
 
 
-def _zero_shard(model: nn.Module, optimizer: ZeroRedundancyOptimizer) -> dict[str, Any]:
+def _zero_shard(model: nn.Module, optimizer: "ZeroRedundancyOptimizer") -> dict[str, Any]:
     """Reduce mode: this rank's partition of the state (its own keys) and every group, FQN-keyed;
     the ranks' partitions are disjoint, so together they are the full state."""
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
@@ -113,6 +121,7 @@ def _zero_shard(model: nn.Module, optimizer: ZeroRedundancyOptimizer) -> dict[st
 def _tensor_state(components: Mapping[str, Any]) -> dict[str, Any]:
     """``{"model", "optimizer"}`` for DCP (a collective under FSDP: every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    from torch.distributed.optim import ZeroRedundancyOptimizer
     model, optimizer = components["model"].model, components["optimizer"].optimizer
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         return {"model": get_model_state_dict(model), "optimizer": _zero_shard(model, optimizer)}
@@ -161,7 +170,7 @@ class ShardedSaver:
         if not asynchronous:
             try:
                 dcp.save(state, storage_writer=writer, process_group=group)
-            except READ_ERRORS as exc:  # DCP wraps every rank's failure
+            except _io().READ_ERRORS as exc:  # DCP wraps every rank's failure
                 raise (_short(exc, tmp) or exc) from None
             if self.rank == 0:
                 _complete(tmp, final, fields)
@@ -191,7 +200,7 @@ class ShardedSaver:
         future, self._future = self._future, None
         try:
             future.result()
-        except READ_ERRORS as exc:
+        except _io().READ_ERRORS as exc:
             self._finished.wait()
             raise (_short(exc, self.directory) or CheckpointError(f"asynchronous checkpoint failed: "
                                                                    f"{str(exc).splitlines()[0][:200]}")) from None
@@ -241,10 +250,10 @@ def read_sharded(path: str | Path, keys: tuple[str, ...] = TENSOR_KEYS, *, verif
         payload["train_state"]["carried"] = own.get("carried")
     if keys:
         try:
-            tensors = load_full(path, keys)
-        except UnsafeMetadataError as exc:
+            tensors = _io().load_full(path, keys)
+        except _io().UnsafeMetadataError as exc:
             raise CheckpointError(f"cannot load checkpoint {path}: {exc}") from None
-        except READ_ERRORS as exc:  # DCP wraps the cause; say it in one line
+        except _io().READ_ERRORS as exc:  # DCP wraps the cause; say it in one line
             raise CorruptCheckpointError(path, f"its tensors cannot be read ({_first_line(exc)})") from None
         if "optimizer" in tensors:
             tensors["optimizer"] = fqn_to_indexed(tensors["optimizer"])
@@ -264,8 +273,8 @@ def load_model_and_optimizer(path: Path, components: Mapping[str, Any]) -> None:
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
-        load_into(path, state, _dcp_group() if dist.is_initialized() else None)
-    except READ_ERRORS as exc:
+        _io().load_into(path, state, _dcp_group() if dist.is_initialized() else None)
+    except _io().READ_ERRORS as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this run: {_first_line(exc)}") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 

@@ -11,9 +11,11 @@ from hotloop.tools.model_facts import ModelFacts
 from hotloop.tools.proposals import baseline_strategy, propose
 from hotloop.tools.significance import compare_paired
 from hotloop.tools.ranking import against
-from hotloop.tools.stages import (ALL_FASTER, ALL_NOT_SLOWER, TIE_ROUNDS_FACTOR, faster_labels, not_slower_labels,
-                                  run_in_stages, stage_one, stage_two, stage_two_price, undecided)
-from hotloop.tools.trials import Budget, Trial, TrialRunner
+from hotloop.tools.stages import (ALL_FASTER, ALL_NOT_SLOWER, ALL_PROPOSED, COMBINED_FIRST_MARGIN,
+                                  TIE_ROUNDS_FACTOR, combined_first,
+                                  faster_labels, not_slower_labels, run_in_stages, stage_one, stage_one_price,
+                                  stage_two, stage_two_price, undecided)
+from hotloop.tools.trials import MIN_MEASURED, Budget, Trial, TrialRunner
 
 TWO_CORES = HardwareInfo("cpu", 2, "test cpu", ())
 #: a conv net of many small ops: channels_last, fewer threads, the fused update and both backends
@@ -294,3 +296,38 @@ def test_a_formulation_slower_than_its_layout_within_noise_is_no_tie_to_keep():
     tie = trial("fused_optimizer", {"fused_optimizer": True},  # a tie with eager, held to nothing: kept
                 [0.0519, 0.0510, 0.0522, 0.0512, 0.0520, 0.0511, 0.0517, 0.0513])
     assert not_slower_labels([reference, layout, tie], reference) == ["channels_last", "fused_optimizer"]
+
+
+def test_a_budget_short_of_stage_one_times_every_eager_proposal_combined_first():
+    """Two proposals need 2 x (2 + 3) eager steps plus 3 paired ones to be judged at all, and their
+    combination 2 + 3 + 3 more (2.1 s at 100 ms); with 3.0 s, less than twice that, the combination
+    is timed first and measured, ahead of the singles; with 200 s it is not built."""
+    timed = [p for p in conv_proposals() if p.label in ("channels_last", "fused_optimizer")]
+    clock, runner, base, reference = _started()
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(3.0, clock=clock))
+    combined = trials[0]
+    assert combined.label == ALL_PROPOSED and combined.measured, combined.status
+    assert combined.strategy.channels_last and combined.strategy.fused_optimizer
+    ratio = compare_paired(combined.step_times, combined.step_rounds, reference.step_times, reference.step_rounds)
+    assert ratio.paired and abs(ratio.ratio - 0.8 * 0.95) < 0.03
+    assert not any(t.measured for t in trials if t.label == ALL_FASTER)      # stage two never got there
+    clock, runner, base, reference = _started()
+    roomy = run_in_stages(runner, timed, reference, base, 10, Budget(200.0, clock=clock))
+    assert ALL_PROPOSED not in {t.label for t in roomy} and any(t.label == ALL_FASTER for t in roomy)
+
+
+def test_the_combination_first_is_priced_on_stage_ones_minimum():
+    timed = [p for p in conv_proposals() if p.compile_cost == 0]        # channels_last, threads=1, fused update
+    assert abs(stage_one_price(timed, 0.1, 2, 10) - (3 * 12 * 0.1 + 10 * 0.1)) < 1e-9
+    minimum = stage_one_price(timed, 0.1, 2, MIN_MEASURED)              # 3 x 5 + 3 eager steps
+    assert abs(minimum - 1.8) < 1e-9
+    minimum += (2 + 2 * MIN_MEASURED) * 0.1                              # then the combination
+    assert combined_first(timed, 0.1, 2, COMBINED_FIRST_MARGIN * minimum + 0.01) is None    # fits twice over
+    combined = combined_first(timed, 0.1, 2, COMBINED_FIRST_MARGIN * minimum - 0.01)
+    assert combined is not None and combined.label == ALL_PROPOSED
+    assert combined.rule.startswith(f"timed first: judging 3 settings alone and then combined needs ~{minimum:.1f}")
+    assert combined.changes["channels_last"] and combined.changes["fused_optimizer"]
+    assert "intra_op_threads" not in combined.changes                    # threads=1 is timed alone only
+    assert combined_first(timed, 0.0, 2, 0.1) is None                    # eager's step unknown: no guess
+    assert combined_first(timed[:1], 0.1, 2, 0.1) is None                # one proposal: nothing to combine
+    assert combined_first([p for p in timed if p.label != "fused_optimizer"], 0.1, 2, 0.1) is None  # + threads
