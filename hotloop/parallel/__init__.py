@@ -4,9 +4,8 @@ See docs/parallel.md. ``ProcessGroupContext`` implements the Trainer's ``dist=``
 ``launch`` re-runs a command under ``torch.distributed.run``.
 
 ``ProcessGroupContext``, ``optimizer_state_bytes``, ``ShardedReader`` and ``shard_rows`` are imported
-on first use: their modules import FSDP and DTensor, about a second of start-up on a 2-core CPU
-that every ``hotloop`` command paid (the CLI reads its launch flags from this package) and a
-single-process run never needs.
+on first use: their modules import FSDP and DTensor, which the CLI does not need to read its launch
+flags from this package, nor a single-process run.
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ the optimizer's groups, as ``Optimizer.state_dict()`` gives it), not torch.distr
 parameter-name layout, so a checkpoint of an FSDP run resumes under DDP, ZeRO-1 or one
 process, and the other way round.
 
-``torch.distributed.checkpoint.state_dict`` and ``torch.distributed.tensor`` (about 0.7 s of
-imports on a 2-core CPU) are imported by the functions that use them, so a single-process run,
+``torch.distributed.checkpoint.state_dict`` and ``torch.distributed.tensor`` are imported by the
+functions that use them, so a single-process run,
 which imports this module through the checkpoint code, does not pay for them; no parameter can be a
 ``DTensor`` before ``torch.distributed.tensor`` is imported, which :func:`is_sharded` relies on.
 """

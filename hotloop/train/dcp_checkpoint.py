@@ -58,8 +58,8 @@ _GROUP: dict[str, Any] = {}
 
 
 def _io() -> Any:
-    """:mod:`hotloop.train.dcp_io`, imported on first use: it imports DCP and DTensor (about 0.7 s
-    on a 2-core CPU), which a run of one process that never meets a sharded checkpoint does not need."""
+    """:mod:`hotloop.train.dcp_io`, imported on first use: it imports DCP and DTensor, which a run of
+    one process that never meets a sharded checkpoint does not need."""
     from . import dcp_io
     return dcp_io
 
