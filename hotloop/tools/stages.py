@@ -45,7 +45,9 @@ measured x0.35 of eager's step and were chosen (``docs/data/tune_lstm_epoch_zen5
 1.11x faster than the one setting's (``docs/data/lstm_pair_combined_zen5.json``). Thread
 counts stay out of ``all proposed``: one answers the machine's load or the model's op sizes, and is
 often slower alone (stage one still times it alone). A run whose budget holds stage one twice over
-times the singles first (every zoo row; ``docs/tune.md``, step 5).
+times the singles first (every row of ``docs/data/zoo_bf16_zen5_run2.json``; ``docs/tune.md``, step 5).
+A single whose Strategy is the combination's (``fused_optimizer in channels_last`` beside
+``channels_last`` and ``fused_optimizer``) is not timed again.
 """
 from __future__ import annotations
 
@@ -59,9 +61,8 @@ from .significance import Comparison
 from .trials import MIN_MEASURED, Budget, Trial, TrialRunner
 
 __all__ = ["ALL_FASTER", "ALL_NOT_SLOWER", "ALL_PROPOSED", "COMBINED_FIRST_MARGIN", "TIE_ROUNDS_FACTOR",
-           "stage_one", "stage_two",
-           "faster_labels", "not_slower_labels", "judged_against", "undecided", "stage_one_price", "combined_first",
-           "stage_two_price", "extend_ties", "run_in_stages"]
+           "stage_one", "stage_two", "faster_labels", "not_slower_labels", "judged_against", "undecided",
+           "stage_one_price", "combined_first", "stage_two_price", "extend_ties", "run_in_stages"]
 
 ALL_FASTER = "all faster"
 ALL_NOT_SLOWER = "all not slower"
@@ -91,9 +92,9 @@ def stage_one_price(proposals: Sequence[Proposal], eager_step: float, warmup: in
 def combined_first(first: Sequence[Proposal], eager_step: float, warmup: int,
                    seconds_left: float) -> Proposal | None:
     """``all proposed`` (every proposal of stage one that compiles nothing and sets no thread count,
-    combined) unless ``seconds_left`` holds :data:`COMBINED_FIRST_MARGIN` times what it takes to give
-    each proposal and then the combination its warm-up and ``MIN_MEASURED`` paired steps
-    (:func:`stage_one_price`); else None."""
+    combined) when ``seconds_left`` holds less than :data:`COMBINED_FIRST_MARGIN` times what it takes
+    to give each proposal and then the combination its warm-up and ``MIN_MEASURED`` paired steps
+    (:func:`stage_one_price`); None otherwise, and when fewer than two proposals combine."""
     combined = combine([p for p in first if p.compile_cost == 0 and "intra_op_threads" not in p.changes],
                        ALL_PROPOSED)
     if combined is None or not eager_step > 0.0:
@@ -215,7 +216,8 @@ def run_in_stages(runner: TrialRunner, timed: Sequence[Proposal], reference: Tri
                               budget.remaining() - reserve_steps * eager_step)
     done = runner.run_candidates(trials_of([combined]), reference, steps, budget,
                                  reserve_steps=reserve_steps) if combined is not None else []
-    done += runner.run_candidates(trials_of(first), reference, steps, budget, reserve_steps=reserve_steps)
+    singles = [t for t in trials_of(first) if all(t.strategy != c.strategy for c in done)]
+    done += runner.run_candidates(singles, reference, steps, budget, reserve_steps=reserve_steps)
     if len(timed) < 2:
         return done
     seen = {t.strategy for t in done} | {reference.strategy}

@@ -331,3 +331,16 @@ def test_the_combination_first_is_priced_on_stage_ones_minimum():
     assert combined_first(timed, 0.0, 2, 0.1) is None                    # eager's step unknown: no guess
     assert combined_first(timed[:1], 0.1, 2, 0.1) is None                # one proposal: nothing to combine
     assert combined_first([p for p in timed if p.label != "fused_optimizer"], 0.1, 2, 0.1) is None  # + threads
+
+
+def test_a_single_with_the_combinations_strategy_is_not_timed_again():
+    """With the fused update timed in channels_last beside both parts, the combination of all three is
+    that pair's Strategy: timed once, as ``all proposed``."""
+    timed = [p for p in conv_proposals(with_pair=True) if p.compile_cost == 0 and p.label != "threads=1"]
+    clock, runner, base, reference = _started()
+    trials = run_in_stages(runner, timed, reference, base, 10, Budget(3.0, clock=clock))
+    pair = next(p for p in timed if p.label == "fused_optimizer in channels_last").apply(base)
+    assert trials[0].label == ALL_PROPOSED and trials[0].strategy == pair
+    assert [t.label for t in trials].count("fused_optimizer in channels_last") == 0
+    strategies = [t.strategy for t in trials]
+    assert len(strategies) == len(set(strategies))
