@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,30 @@ def _states(study: optuna.Study) -> dict[int, str]:
     return {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
 
 
+def _study_ready(out: Path) -> bool:
+    """Whether the search process has finished creating ``study.db`` (its schema version stamped), read
+    without writing: ``optuna.load_study`` on a half-created file stamps the version itself and races
+    the search process (sqlite UNIQUE constraint failed: alembic_version)."""
+    db = out / "study.db"
+    if not db.is_file():
+        return False
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            return conn.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
+def _trial_state(out: Path, number: int) -> str | None:
+    """Trial ``number``'s state, or None while the study is still being created."""
+    if not _study_ready(out):
+        return None
+    try:
+        return _states(_study(out)).get(number)
+    except Exception:  # noqa: BLE001 - the study row is still being written
+        return None
+
+
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with open(log, "wb") as f:
@@ -62,7 +88,7 @@ def _wait_for(condition, proc: subprocess.Popen, log: Path, timeout: float = 150
 
 def _running_with_checkpoint(out: Path, count: int):
     def check() -> bool:
-        if not (out / "study.db").is_file():
+        if not _study_ready(out):
             return False
         try:
             running = _study(out).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -78,8 +104,7 @@ def test_a_killed_search_resumes_to_six_trials_and_best_json_repeats_the_best(tm
     out = tmp_path / "s"
     proc = _spawn(_argv(out, 4, 60, 20), tmp_path / "first.log")
     # SIGKILL while trial 1 runs (it has written a checkpoint): nothing marks it finished
-    _wait_for(lambda: _states(_study(out)).get(0) == "COMPLETE" if (out / "study.db").is_file() else False,
-              proc, tmp_path / "first.log")
+    _wait_for(lambda: _trial_state(out, 0) == "COMPLETE", proc, tmp_path / "first.log")
     _wait_for(_running_with_checkpoint(out, 1), proc, tmp_path / "first.log")
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
