@@ -25,18 +25,14 @@ import torch
 from torch import nn
 
 __all__ = ["is_sharded", "full_model_state", "load_full_model_state", "full_optimizer_state",
-           "load_full_optimizer_state", "full_on_rank0"]
+           "load_full_optimizer_state"]
 
 
-def full_on_rank0() -> Any:
-    """``StateDictOptions``: the full state on rank 0's CPU (what a single-file checkpoint holds)."""
+def _full_state(on_rank0_cpu: bool) -> Any:
+    """``StateDictOptions`` of the full state: gathered on rank 0's CPU (what a single-file checkpoint
+    holds), or given on every rank (loading)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def _full_everywhere() -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    return StateDictOptions(full_state_dict=True)
+    return StateDictOptions(full_state_dict=True, cpu_offload=on_rank0_cpu)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -48,13 +44,13 @@ def is_sharded(model: nn.Module) -> bool:
 def full_model_state(model: nn.Module) -> dict[str, Any]:
     """Collective: the full model ``state_dict`` on rank 0 (CPU tensors), ``{}`` elsewhere."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return get_model_state_dict(model, options=full_on_rank0())
+    return get_model_state_dict(model, options=_full_state(True))
 
 
 def load_full_model_state(model: nn.Module, state: dict[str, Any]) -> None:
     """Load a full (unsharded) model ``state_dict`` given on every rank; each keeps its shard."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
-    set_model_state_dict(model, state, options=_full_everywhere())
+    set_model_state_dict(model, state, options=_full_state(False))
 
 
 def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -66,7 +62,7 @@ def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Collective: the full optimizer ``state_dict`` (torch's numbered layout) on rank 0, ``{}`` elsewhere."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    by_name = get_optimizer_state_dict(model, optimizer, options=full_on_rank0())
+    by_name = get_optimizer_state_dict(model, optimizer, options=_full_state(True))
     if not by_name:
         return {}
     index = {name: i for i, name in enumerate(_names(model, optimizer))}
@@ -88,4 +84,4 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
                "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
                                  "params": [names[int(i)] for i in g["params"]]} for g in groups]}
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-    set_optimizer_state_dict(model, optimizer, by_name, options=_full_everywhere())
+    set_optimizer_state_dict(model, optimizer, by_name, options=_full_state(False))

@@ -39,8 +39,9 @@ combined (``all proposed``, :func:`combined_first`), and stage one goes on in wh
 Twice, because the budget shrinks as trials find faster steps (it is a share of the run priced at
 the fastest step measured): one epoch of ``lstm_lm_example`` on a 2-core EPYC Zen 5 has 2.7 s left
 when stage one starts against a 2.9 s minimum; timing the singles first, its tuner chose the fused
-output + CE alone, the budget shrinking with that faster step before the five other settings were
-measured (``docs/data/lstm_epoch_example_zen5.json``); timing the combination first, all six
+output + CE alone, the budget shrinking with that faster step while four of the five other settings
+were still unmeasured (``docs/data/tune_lstm_epoch_zen5_singles_first.json``); timing the
+combination first, all six
 measured x0.35 of eager's step and were chosen (``docs/data/tune_lstm_epoch_zen5.json``), a step
 1.11x faster than the one setting's (``docs/data/lstm_pair_combined_zen5.json``). Thread
 counts stay out of ``all proposed``: one answers the machine's load or the model's op sizes, and is

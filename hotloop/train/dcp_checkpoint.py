@@ -44,6 +44,8 @@ from ..parallel.fsdp_state import is_sharded as model_is_sharded
 from .checkpoint import CheckpointError, CorruptCheckpointError, load_checkpoint, save_checkpoint, write_failure
 from .manifest import check_dir, read_dir_manifest, write_dir_manifest
 
+# DCP (hotloop.train.dcp_io), DTensor and torch.distributed.optim are imported where they are used:
+# a run of one process with single-file checkpoints never needs them
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -55,13 +57,6 @@ MAIN_FILE = "main.ckpt"
 TENSOR_KEYS = ("model", "optimizer")    # the components DCP stores
 PER_RANK = ("rng",)                     # components every rank saves for itself
 _GROUP: dict[str, Any] = {}
-
-
-def _io() -> Any:
-    """:mod:`hotloop.train.dcp_io`, imported on first use: it imports DCP and DTensor, which a run of
-    one process that never meets a sharded checkpoint does not need."""
-    from . import dcp_io
-    return dcp_io
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -167,10 +162,11 @@ class ShardedSaver:
         from torch.distributed.checkpoint import FileSystemWriter
         writer = FileSystemWriter(str(tmp), sync_files=True)
         import torch.distributed.checkpoint as dcp
+        from .dcp_io import READ_ERRORS
         if not asynchronous:
             try:
                 dcp.save(state, storage_writer=writer, process_group=group)
-            except _io().READ_ERRORS as exc:  # DCP wraps every rank's failure
+            except READ_ERRORS as exc:  # DCP wraps every rank's failure
                 raise (_short(exc, tmp) or exc) from None
             if self.rank == 0:
                 _complete(tmp, final, fields)
@@ -197,10 +193,11 @@ class ShardedSaver:
         """Wait for the asynchronous save in flight (every rank calls it); raises its failure."""
         if self._future is None:
             return
+        from .dcp_io import READ_ERRORS
         future, self._future = self._future, None
         try:
             future.result()
-        except _io().READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             self._finished.wait()
             raise (_short(exc, self.directory) or CheckpointError(f"asynchronous checkpoint failed: "
                                                                    f"{str(exc).splitlines()[0][:200]}")) from None
@@ -249,11 +246,12 @@ def read_sharded(path: str | Path, keys: tuple[str, ...] = TENSOR_KEYS, *, verif
     if isinstance(payload.get("train_state"), dict):
         payload["train_state"]["carried"] = own.get("carried")
     if keys:
+        from .dcp_io import READ_ERRORS, UnsafeMetadataError, load_full
         try:
-            tensors = _io().load_full(path, keys)
-        except _io().UnsafeMetadataError as exc:
+            tensors = load_full(path, keys)
+        except UnsafeMetadataError as exc:
             raise CheckpointError(f"cannot load checkpoint {path}: {exc}") from None
-        except _io().READ_ERRORS as exc:  # DCP wraps the cause; say it in one line
+        except READ_ERRORS as exc:  # DCP wraps the cause; say it in one line
             raise CorruptCheckpointError(path, f"its tensors cannot be read ({_first_line(exc)})") from None
         if "optimizer" in tensors:
             tensors["optimizer"] = fqn_to_indexed(tensors["optimizer"])
@@ -269,12 +267,13 @@ def _first_line(exc: BaseException) -> str:
 def load_model_and_optimizer(path: Path, components: Mapping[str, Any]) -> None:
     """Sharded model (DTensors) and optimizer: every rank reads only its shards into this run's layout."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from .dcp_io import READ_ERRORS, load_into
     model, optimizer = components["model"].model, components["optimizer"].optimizer
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
-        _io().load_into(path, state, _dcp_group() if dist.is_initialized() else None)
-    except _io().READ_ERRORS as exc:
+        load_into(path, state, _dcp_group() if dist.is_initialized() else None)
+    except READ_ERRORS as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this run: {_first_line(exc)}") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
